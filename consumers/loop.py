@@ -1,0 +1,228 @@
+"""The shared consume loop: at-least-once processing with manual commits and a DLQ.
+
+For every record: decode (a record that does not decode goes to the DLQ at
+once), call the handler with up to ``settings.max_attempts`` attempts (then the
+DLQ), and after each partition's batch commit the next offset. The DLQ publish
+is acknowledged before the commit, so a record is never lost: at worst, after
+a crash, it is handled again (handlers are idempotent).
+
+Heartbeats: aiokafka heartbeats on the event loop, so a handler that hogs the
+loop starves them (aiokafka #848). Plain-function handlers therefore run in a
+worker thread (``asyncio.to_thread``); coroutine handlers must not block.
+``max_poll_interval_ms`` then only needs to cover one batch of slow handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import structlog
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from consumers.abc import Handler, RecordContext
+from consumers.dlq import publish_dead_letter
+from infra.errors import ProcessingError, SchemaError
+from infra.logging import get_logger
+from infra.settings import Settings
+from producers.producer import EventProducer
+from schemas.codec import Codec
+from schemas.events import Event
+
+__all__ = ["ConsumeLoop", "StartAt", "context_of", "invoke_with_retries", "make_consumer"]
+
+log = get_logger("consumers.loop")
+
+
+@dataclass(frozen=True)
+class StartAt:
+    """Where a loop starts reading a partition the first time it gets it (replay).
+
+    Without one, a group resumes from its committed offsets (earliest if none).
+    """
+
+    offset: int | None = None
+    time: datetime | None = None
+
+
+def make_consumer(
+    settings: Settings, group_id: str | None, *, topics: Sequence[str] = (),
+    pattern: str | None = None, listener: ConsumerRebalanceListener | None = None,
+    isolation_level: str = "read_committed",
+) -> AIOKafkaConsumer:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap,
+        client_id=settings.client_id,
+        group_id=group_id,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level=isolation_level,
+        max_poll_records=settings.max_poll_records,
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=settings.heartbeat_interval_ms,
+        request_timeout_ms=settings.request_timeout_ms,
+        metadata_max_age_ms=5000 if pattern else 300_000,  # pattern: see new tenants soon
+    )
+    if pattern:
+        consumer.subscribe(pattern=pattern, listener=listener)
+    elif topics:
+        consumer.subscribe(list(topics), listener=listener)
+    return consumer
+
+
+def tenant_of_topic(topic: str) -> str | None:
+    parts = topic.split(".")
+    return parts[2] if len(parts) >= 4 and parts[1] == "t" else None
+
+
+def context_of(record: ConsumerRecord, group_id: str | None) -> RecordContext:
+    return RecordContext(
+        topic=record.topic, partition=record.partition, offset=record.offset,
+        timestamp_ms=record.timestamp, key=record.key,
+        headers=tuple(record.headers or ()), group_id=group_id,
+    )
+
+
+def bind_record(role: str, record: ConsumerRecord, tenant: str | None = None):
+    """Bind role/tenant/topic/partition/offset to every log line of this record."""
+    return structlog.contextvars.bound_contextvars(
+        role=role, tenant=tenant or tenant_of_topic(record.topic),
+        topic=record.topic, partition=record.partition, offset=record.offset,
+    )
+
+
+async def invoke_with_retries(
+    fn: Callable[..., Any], event: Event, ctx: RecordContext, attempts: int, backoff_s: float,
+) -> Any:
+    """Call a handler or transform; raise ProcessingError after the last failed attempt."""
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - callable objects with async __call__
+    )
+    last: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        actx = replace(ctx, attempt=attempt)
+        try:
+            if is_async:
+                return await fn(event, actx)
+            return await asyncio.to_thread(fn, event, actx)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            last = exc
+            log.warning("handler failed", attempt=attempt, of=attempts,
+                        error_class=type(exc).__name__, error=str(exc)[:500])
+            if attempt < attempts:
+                await asyncio.sleep(backoff_s * attempt)
+    raise ProcessingError(f"failed {attempts} times: {type(last).__name__}: {last}") from last
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, loop: ConsumeLoop):
+        self._loop = loop
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Offsets are committed after every batch, so nothing is pending here.
+        if revoked:
+            log.info("partitions revoked", group=self._loop.group_id,
+                     partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        if assigned:
+            log.info("partitions assigned", group=self._loop.group_id,
+                     partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+        await self._loop._apply_start(assigned)
+
+
+class ConsumeLoop:
+    """Consume topics (a list or a pattern) as one consumer group and call a handler."""
+
+    def __init__(
+        self, settings: Settings, *, group_id: str, handler: Handler, role: str,
+        topics: Sequence[str] = (), pattern: str | None = None, codec: Codec | None = None,
+        start_at: StartAt | None = None, dlq_producer: EventProducer | None = None,
+    ):
+        if bool(topics) == bool(pattern):
+            raise ValueError("give either topics or a pattern")
+        self.settings = settings
+        self.group_id = group_id
+        self.handler = handler
+        self.role = role
+        self.codec = codec or Codec()
+        self.start_at = start_at
+        self._started: set[TopicPartition] = set()
+        self._own_producer = dlq_producer is None
+        self.producer = dlq_producer or EventProducer(settings, self.codec,
+                                                      client_id=f"{role}-dlq")
+        self.consumer = make_consumer(settings, group_id, topics=topics, pattern=pattern,
+                                      listener=_Listener(self))
+        self.processed = 0
+        self.dead_lettered = 0
+
+    async def _apply_start(self, assigned: set[TopicPartition]) -> None:
+        fresh = [tp for tp in assigned if tp not in self._started]
+        self._started |= set(fresh)
+        if not self.start_at or not fresh:
+            return
+        if self.start_at.offset is not None:
+            for tp in fresh:
+                self.consumer.seek(tp, self.start_at.offset)
+        elif self.start_at.time is not None:
+            ms = int(self.start_at.time.timestamp() * 1000)
+            found = await self.consumer.offsets_for_times({tp: ms for tp in fresh})
+            ends = await self.consumer.end_offsets(fresh)
+            for tp in fresh:
+                self.consumer.seek(tp, found[tp].offset if found[tp] else ends[tp])
+
+    async def start(self) -> None:
+        if self._own_producer:
+            await self.producer.start()
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+        if self._own_producer:
+            await self.producer.stop()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Consume until ``stop`` is set (or forever). Call ``start`` first."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            batches = await self.consumer.getmany(timeout_ms=200)
+            for tp, records in batches.items():
+                for record in records:
+                    await self._process(record)
+                await self.consumer.commit({tp: records[-1].offset + 1})
+
+    async def _process(self, record: ConsumerRecord) -> None:
+        ctx = context_of(record, self.group_id)
+        with bind_record(self.role, record):
+            try:
+                event = self.codec.decode(record.value)
+            except SchemaError as exc:
+                await self._dead_letter(record, exc, "decode", 1)
+                return
+            with structlog.contextvars.bound_contextvars(tenant=event.tenant_id or
+                                                         tenant_of_topic(record.topic)):
+                try:
+                    await invoke_with_retries(self.handler, event, ctx,
+                                              self.settings.max_attempts,
+                                              self.settings.retry_backoff_s)
+                except ProcessingError as exc:
+                    await self._dead_letter(record, exc.__cause__ or exc, "process",
+                                            self.settings.max_attempts)
+                    return
+        self.processed += 1
+
+    async def _dead_letter(self, record: ConsumerRecord, exc: BaseException, stage: str,
+                           attempts: int) -> None:
+        await publish_dead_letter(self.producer, self.settings.dlq_topic, record, exc,
+                                  stage=stage, attempts=attempts, group_id=self.group_id)
+        self.dead_lettered += 1
+        log.error("record dead-lettered", stage=stage, error_class=type(exc).__name__,
+                  error=str(exc)[:500])

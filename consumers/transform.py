@@ -1,0 +1,160 @@
+"""Consume-transform-produce, exactly once: outputs and input offsets in ONE transaction.
+
+aiokafka's transaction requests are protocol v0: ``send_offsets_to_transaction``
+carries only the group id, not the group generation (no KIP-447 fencing). So,
+as faust does, there is one transactional producer per input partition, with
+the transactional id ``{group}-{topic}-{partition}``. Whoever owns a partition
+after a rebalance or a restart starts a producer with the same id, which
+fences the previous owner: its pending transaction can no longer commit.
+
+Per partition batch: begin; decode each record (undecodable ones go to the
+DLQ inside the transaction); transform (retried, then dead-lettered); enqueue
+the outputs; add the next input offset; commit. On any error: abort, and seek
+the partition back to its committed offset, so the batch is done again.
+Outputs are read with ``isolation_level="read_committed"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from aiokafka import ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from consumers.abc import Output, RecordContext, Transform
+from consumers.dlq import publish_dead_letter
+from consumers.loop import bind_record, context_of, invoke_with_retries, make_consumer
+from infra.errors import ProcessingError, SchemaError
+from infra.logging import get_logger
+from infra.settings import Settings
+from producers.producer import EventProducer
+from schemas.codec import Codec
+
+__all__ = ["TransformWorker", "transactional_id"]
+
+log = get_logger("consumers.transform")
+
+
+def transactional_id(group_id: str, tp: TopicPartition) -> str:
+    return f"{group_id}-{tp.topic}-{tp.partition}"
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, worker: TransformWorker):
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        # Closed between batches by the worker's own task, never under a running batch.
+        self._worker._revoked |= set(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._worker._revoked -= set(assigned)
+        log.info("partitions assigned", group=self._worker.group_id,
+                 partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+
+
+class TransformWorker:
+    """Runs a ``Transform`` over topics with exactly-once output."""
+
+    def __init__(
+        self, settings: Settings, *, group_id: str, topics: Sequence[str], transform: Transform,
+        role: str, codec: Codec | None = None,
+    ):
+        self.settings = settings
+        self.group_id = group_id
+        self.transform = transform
+        self.role = role
+        self.codec = codec or Codec()
+        self.consumer = make_consumer(settings, group_id, topics=topics, listener=_Listener(self))
+        self._producers: dict[TopicPartition, EventProducer] = {}
+        self._revoked: set[TopicPartition] = set()
+        self.committed_batches = 0
+        self.aborted_batches = 0
+
+    async def start(self) -> None:
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        for tp in list(self._producers):
+            await self._close_producer(tp)
+        await self.consumer.stop()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            for tp in [tp for tp in self._producers if tp in self._revoked]:
+                await self._close_producer(tp)
+            batches = await self.consumer.getmany(timeout_ms=200)
+            for tp, records in batches.items():
+                await self._run_batch(tp, records)
+
+    async def _producer_for(self, tp: TopicPartition) -> EventProducer:
+        if tp not in self._producers:
+            producer = EventProducer(self.settings, self.codec,
+                                     transactional_id=transactional_id(self.group_id, tp),
+                                     client_id=f"{self.role}-{tp.topic}-{tp.partition}")
+            await producer.start()
+            self._producers[tp] = producer
+        return self._producers[tp]
+
+    async def _close_producer(self, tp: TopicPartition) -> None:
+        producer = self._producers.pop(tp, None)
+        if producer is not None:
+            try:
+                await producer.stop()
+            except KafkaError as exc:  # a fenced producer may complain on close
+                log.warning("closing producer failed", error=str(exc))
+
+    async def _run_batch(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
+        producer = await self._producer_for(tp)
+        try:
+            async with producer.transaction():
+                for record in records:
+                    await self._process(producer, record)
+                await producer.send_offsets_to_transaction({tp: records[-1].offset + 1},
+                                                           self.group_id)
+        except (KafkaError, ProcessingError) as exc:
+            self.aborted_batches += 1
+            log.warning("transaction aborted; rewinding", topic=tp.topic, partition=tp.partition,
+                        error_class=type(exc).__name__, error=str(exc)[:300])
+            await self._close_producer(tp)  # a fenced or broken producer is not reused
+            await self._rewind(tp)
+            return
+        self.committed_batches += 1
+
+    async def _process(self, producer: EventProducer, record: ConsumerRecord) -> None:
+        ctx: RecordContext = context_of(record, self.group_id)
+        with bind_record(self.role, record):
+            try:
+                event = self.codec.decode(record.value)
+            except SchemaError as exc:
+                await self._dead_letter(producer, record, exc, "decode", 1)
+                return
+            try:
+                outputs: Sequence[Output] = await invoke_with_retries(
+                    self.transform, event, ctx, self.settings.max_attempts,
+                    self.settings.retry_backoff_s)
+            except ProcessingError as exc:
+                await self._dead_letter(producer, record, exc.__cause__ or exc, "process",
+                                        self.settings.max_attempts)
+                return
+            for out in outputs:
+                await producer.enqueue(out.topic, out.event, out.key)
+
+    async def _dead_letter(self, producer: EventProducer, record: ConsumerRecord,
+                           exc: BaseException, stage: str, attempts: int) -> None:
+        await publish_dead_letter(producer, self.settings.dlq_topic, record, exc, stage=stage,
+                                  attempts=attempts, group_id=self.group_id, in_transaction=True)
+        log.error("record dead-lettered", stage=stage, error_class=type(exc).__name__,
+                  error=str(exc)[:500])
+
+    async def _rewind(self, tp: TopicPartition) -> None:
+        if tp not in self.consumer.assignment():
+            return
+        committed = await self.consumer.committed(tp)
+        if committed is None:
+            await self.consumer.seek_to_beginning(tp)
+        else:
+            self.consumer.seek(tp, committed)

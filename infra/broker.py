@@ -1,0 +1,294 @@
+"""The local Apache Kafka broker: one KRaft node (broker + controller) on loopback.
+
+Jars come from Maven Central through ``infra/kafka/pom.xml`` into
+``<kafka_cache>/<version>/libs``; the broker runs on the machine's Java 17 with
+its data, log file, config and pid file under ``<home>/kafka``. Storage is
+formatted once and the cluster id is kept, so data survives ``down`` + ``up``.
+``up`` is idempotent and ``down`` stops only the process this module started
+(the pid file names it, and its command line must name our config file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiokafka.admin import AIOKafkaAdminClient
+
+from infra.errors import BrokerError
+from infra.logging import get_logger
+from infra.settings import Settings
+
+__all__ = ["BrokerStatus", "LocalBroker"]
+
+POM = Path(__file__).resolve().parent / "kafka" / "pom.xml"
+LOG4J = Path(__file__).resolve().parent / "kafka" / "log4j.properties"
+log = get_logger("infra.broker")
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    ready: bool
+    pid: int | None
+    bootstrap: str
+    version: str
+    data_dir: Path
+    log_file: Path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited child not yet reaped) is not a running broker.
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+async def _describe_cluster(bootstrap: str, timeout_ms: int = 3000) -> dict:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    try:
+        await admin.start()
+        return await admin.describe_cluster()
+    finally:
+        await admin.close()
+
+
+class LocalBroker:
+    """Fetch, format, start, check and stop the local single-node Kafka."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.root = settings.home / "kafka"
+        self.data_dir = self.root / "data"
+        self.log_dir = self.root / "logs"
+        self.config_file = self.root / "server.properties"
+        self.pid_file = self.root / "broker.pid"
+        self.cluster_id_file = self.root / "cluster.id"
+        self.libs = settings.kafka_cache / settings.kafka_version / "libs"
+        self.bootstrap = f"{settings.broker_host}:{settings.broker_port}"
+
+    # ------------------------------------------------------------------ fetch
+    def fetch(self) -> Path:
+        """Resolve the broker jars from Maven Central (once per version)."""
+        marker = self.libs / ".complete"
+        if marker.exists():
+            return self.libs
+        for tool in ("mvn", "java"):
+            if shutil.which(tool) is None:
+                raise BrokerError(f"`{tool}` is not on PATH; the local broker needs Java 17 and Maven")
+        staging = self.libs.with_name(f"libs.tmp-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        log.info("fetching kafka jars", version=self.settings.kafka_version, into=str(self.libs))
+        proc = subprocess.run(
+            ["mvn", "-q", "-B", "-f", str(POM), "dependency:copy-dependencies",
+             f"-Dkafka.version={self.settings.kafka_version}", f"-DoutputDirectory={staging}"],
+            capture_output=True, text=True, check=False,
+        )
+        if proc.returncode != 0 or not any(staging.glob("kafka_2.13-*.jar")):
+            tail = (proc.stdout + proc.stderr)[-2000:]
+            raise BrokerError(f"maven could not resolve Kafka {self.settings.kafka_version}:\n{tail}")
+        shutil.rmtree(self.libs, ignore_errors=True)
+        staging.rename(self.libs)
+        marker.write_text(self.settings.kafka_version)
+        return self.libs
+
+    # ----------------------------------------------------------------- status
+    def pid(self) -> int | None:
+        """Pid of the broker this module started, if it is still running."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if not _pid_alive(pid):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            return None
+        # The pid may have been reused by an unrelated process since we wrote it.
+        return pid if "kafka.Kafka" in cmdline and str(self.config_file) in cmdline else None
+
+    def ready(self) -> bool:
+        """Whether the broker answers a real request (DescribeCluster), not just a port."""
+        if not _port_open(self.settings.broker_host, self.settings.broker_port):
+            return False
+        quiet = logging.getLogger("aiokafka")
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)  # connection refusals are expected while polling
+        try:
+            asyncio.run(_describe_cluster(self.bootstrap))
+        except Exception:
+            return False
+        finally:
+            quiet.setLevel(level)
+        return True
+
+    def status(self) -> BrokerStatus:
+        pid = self.pid()
+        return BrokerStatus(
+            running=pid is not None, ready=pid is not None and self.ready(), pid=pid,
+            bootstrap=self.bootstrap, version=self.settings.kafka_version,
+            data_dir=self.data_dir, log_file=self.log_dir / "server.log",
+        )
+
+    # --------------------------------------------------------------------- up
+    def up(self) -> BrokerStatus:
+        """Start the broker unless it already runs; return once it answers requests."""
+        pid = self.pid()
+        if pid is None:
+            self._clean_stale_pid()
+            if _port_open(self.settings.broker_host, self.settings.broker_port):
+                raise BrokerError(
+                    f"port {self.settings.broker_port} is taken by a process joynexus did not "
+                    "start; stop it or set JOYNEXUS_BROKER_PORT"
+                )
+            self.fetch()
+            self._write_config()
+            self._format_once()
+            pid = self._spawn()
+        else:
+            log.info("broker already running", pid=pid, bootstrap=self.bootstrap)
+        self._wait_ready(pid)
+        return self.status()
+
+    def _clean_stale_pid(self) -> None:
+        if self.pid_file.exists():
+            log.warning("removing stale pid file", path=str(self.pid_file))
+            self.pid_file.unlink(missing_ok=True)
+
+    def _write_config(self) -> None:
+        s = self.settings
+        host, port, cport = s.broker_host, s.broker_port, s.controller_port
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text("\n".join([
+            "# Written by `joynexus broker up`; edits are overwritten.",
+            "process.roles=broker,controller",
+            "node.id=1",
+            f"controller.quorum.voters=1@{host}:{cport}",
+            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+            f"advertised.listeners=PLAINTEXT://{host}:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            f"log.dirs={self.data_dir}",
+            "num.partitions=3",
+            # One node: internal topics cannot be replicated; few partitions start faster.
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=10",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=10",
+            "group.initial.rebalance.delay.ms=0",
+            # Topics are provisioned on purpose (infra.topics): a typo must fail, not create.
+            "auto.create.topics.enable=false",
+            "message.max.bytes=8388608",
+            "",
+        ]))
+
+    def _format_once(self) -> None:
+        if (self.data_dir / "meta.properties").exists():
+            return
+        if not self.cluster_id_file.exists():
+            # Kafka's Uuid.toString(): url-safe base64 of 16 random bytes, unpadded.
+            cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            self.cluster_id_file.write_text(cid)
+        cid = self.cluster_id_file.read_text().strip()
+        proc = subprocess.run(
+            [*self._java(), "kafka.tools.StorageTool", "format", "-t", cid,
+             "-c", str(self.config_file), "--ignore-formatted"],
+            capture_output=True, text=True, check=False,
+        )
+        if proc.returncode != 0:
+            raise BrokerError(f"formatting KRaft storage failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
+        log.info("formatted kraft storage", cluster_id=cid, data_dir=str(self.data_dir))
+
+    def _java(self) -> list[str]:
+        return ["java", f"-Xmx{self.settings.broker_heap}", "-Xms128m",
+                f"-Dkafka.logs.dir={self.log_dir}", f"-Dlog4j.configuration=file:{LOG4J}",
+                "-cp", f"{self.libs}/*"]
+
+    def _spawn(self) -> int:
+        stdout = open(self.log_dir / "stdout.log", "ab")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(
+            [*self._java(), "kafka.Kafka", str(self.config_file)],
+            stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C in the shell must not take the broker down
+        )
+        stdout.close()
+        self.pid_file.write_text(str(proc.pid))
+        log.info("broker starting", pid=proc.pid, bootstrap=self.bootstrap,
+                 version=self.settings.kafka_version)
+        return proc.pid
+
+    def _wait_ready(self, pid: int) -> None:
+        deadline = time.monotonic() + self.settings.broker_start_timeout_s
+        while time.monotonic() < deadline:
+            if not _pid_alive(pid):
+                self.pid_file.unlink(missing_ok=True)
+                raise BrokerError(f"broker exited during start-up; last log lines:\n{self.logs(40)}")
+            if self.ready():
+                log.info("broker ready", pid=pid, bootstrap=self.bootstrap)
+                return
+            time.sleep(0.5)
+        raise BrokerError(
+            f"broker (pid {pid}) did not answer on {self.bootstrap} within "
+            f"{self.settings.broker_start_timeout_s:.0f}s; see {self.log_dir / 'server.log'}"
+        )
+
+    # ------------------------------------------------------------------- down
+    def down(self, timeout_s: float = 30.0) -> bool:
+        """Stop the broker this module started. Returns whether one was running."""
+        pid = self.pid()
+        if pid is None:
+            self._clean_stale_pid()
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _pid_alive(pid):
+            log.warning("broker ignored SIGTERM; killing", pid=pid)
+            os.kill(pid, signal.SIGKILL)
+            while _pid_alive(pid):
+                time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+        log.info("broker stopped", pid=pid)
+        return True
+
+    # ------------------------------------------------------------------- logs
+    def logs(self, lines: int = 100) -> str:
+        chunks = []
+        for name in ("stdout.log", "server.log"):
+            path = self.log_dir / name
+            if path.exists():
+                with path.open("rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - 200 * lines))
+                    text = fh.read().decode(errors="replace").splitlines()[-lines:]
+                chunks.append("\n".join(text))
+        return "\n".join(c for c in chunks if c)

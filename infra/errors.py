@@ -1,0 +1,71 @@
+"""The one exception hierarchy of joynexus.
+
+Everything the project raises on purpose derives from ``JoynexusError``, so a
+caller can catch the whole family or one branch::
+
+    JoynexusError
+    ├── ConfigError            invalid settings or arguments
+    │   └── InvalidTenantId    a tenant id Kafka (or our topic scheme) cannot carry
+    ├── SchemaError            Avro schemas and the wire codec
+    │   ├── UnknownSchema      a fingerprint or registry id we do not know
+    │   ├── DecodeError        bytes that are not a valid framed Avro record
+    │   └── EncodeError        an event that does not fit its schema
+    ├── BrokerError            the local Kafka broker could not be set up, started or stopped
+    ├── TopicError             topic provisioning conflicts (e.g. wrong partition count)
+    └── ProcessingError        a record failed its handler after all attempts
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokerError",
+    "ConfigError",
+    "DecodeError",
+    "EncodeError",
+    "InvalidTenantId",
+    "JoynexusError",
+    "ProcessingError",
+    "SchemaError",
+    "TopicError",
+    "UnknownSchema",
+]
+
+
+class JoynexusError(Exception):
+    """Base of every error joynexus raises on purpose."""
+
+
+class ConfigError(JoynexusError):
+    """Invalid settings or arguments."""
+
+
+class InvalidTenantId(ConfigError):
+    """A tenant id that cannot be part of a topic name."""
+
+
+class SchemaError(JoynexusError):
+    """Something is wrong with a schema or with bytes on the wire."""
+
+
+class UnknownSchema(SchemaError):
+    """The writer schema of a record (fingerprint or registry id) is not known."""
+
+
+class DecodeError(SchemaError):
+    """Bytes that are not a valid framed Avro record."""
+
+
+class EncodeError(SchemaError):
+    """An event that does not fit its schema."""
+
+
+class BrokerError(JoynexusError):
+    """The local Kafka broker could not be fetched, formatted, started or stopped."""
+
+
+class TopicError(JoynexusError):
+    """A topic exists with a layout that conflicts with what joynexus needs."""
+
+
+class ProcessingError(JoynexusError):
+    """A record's handler failed on every attempt."""

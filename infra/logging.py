@@ -1,0 +1,64 @@
+"""structlog, configured once: JSON lines on stderr, with context bound per record.
+
+Roles bind ``role`` once and ``tenant``/``topic``/``partition``/``offset`` per
+record (``structlog.contextvars.bound_contextvars``), so every line a handler
+logs says which record it was working on.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import structlog
+
+__all__ = ["configure_logging", "get_logger"]
+
+_configured = False
+
+
+def configure_logging(level: str = "INFO", fmt: str = "json", force: bool = False) -> None:
+    global _configured
+    if _configured and not force:
+        return
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    renderer = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    structlog.configure(
+        processors=[
+            *shared,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+    # aiokafka and other libraries log through the standard library: render
+    # their records with the same processors, so the stream stays one JSON per line.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name,
+                           structlog.processors.format_exc_info],
+    ))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(max(numeric, logging.WARNING))
+    _configured = True
+
+
+def get_logger(name: str | None = None, **bound: object) -> structlog.typing.FilteringBoundLogger:
+    configure_logging()
+    if name:
+        bound = {"logger": name, **bound}
+    return structlog.get_logger().bind(**bound)

@@ -1,0 +1,88 @@
+"""All joynexus settings, in one pydantic-settings class.
+
+Every field can be set from the environment with the ``JOYNEXUS_`` prefix
+(``JOYNEXUS_BROKER_PORT=19092``) or from a ``.env`` file in the working directory.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="JOYNEXUS_", env_file=".env", extra="ignore")
+
+    # --- where things live
+    home: Path = Field(Path(".joynexus"), description="Work directory: broker data, logs, pid files.")
+    kafka_cache: Path = Field(
+        Path.home() / ".cache" / "joynexus" / "kafka",
+        description="Where the Maven-resolved Kafka jars are kept, one folder per version.",
+    )
+
+    # --- the local broker (`joynexus broker ...`)
+    kafka_version: str = Field("3.9.2", description="Apache Kafka version the local broker runs.")
+    broker_host: str = "127.0.0.1"
+    broker_port: int = Field(9092, ge=1, le=65535)
+    controller_port: int = Field(9093, ge=1, le=65535)
+    broker_heap: str = Field("512m", description="JVM -Xmx of the local broker.")
+    broker_start_timeout_s: float = 90.0
+
+    # --- clients
+    bootstrap_servers: str | None = Field(
+        None, description="Kafka bootstrap address; defaults to the local broker's."
+    )
+    client_id: str = "joynexus"
+    schema_registry_url: str | None = Field(
+        None, description="Confluent-compatible registry; switches the codec to Confluent framing."
+    )
+    compression_type: Literal["gzip", "snappy", "lz4", "zstd"] | None = "zstd"
+    request_timeout_ms: int = 40_000
+    # Handlers run CPU work in a thread (see consumers.loop), so the poll interval
+    # only needs to cover one batch of slow handlers, not the event loop's stalls.
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 30_000
+    heartbeat_interval_ms: int = 3_000
+    max_poll_records: int = 200
+
+    # --- topics
+    topic_prefix: str = "nexus"
+    partitions: int = Field(3, ge=1, description="Partitions of session-keyed and shared topics.")
+    features_retention_ms: int = Field(
+        3 * 24 * 3600 * 1000, description="Feature batches are derived data: kept 3 days by default."
+    )
+    retention_ms: int = Field(7 * 24 * 3600 * 1000, description="Default retention of event topics.")
+    dlq_retention_ms: int = Field(30 * 24 * 3600 * 1000)
+
+    # --- processing
+    max_attempts: int = Field(3, ge=1, description="Handler attempts before a record goes to the DLQ.")
+    retry_backoff_s: float = 0.2
+
+    # --- logging
+    log_level: str = "INFO"
+    log_format: Literal["json", "console"] = "json"
+
+    @field_validator("home", "kafka_cache")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def bootstrap(self) -> str:
+        return self.bootstrap_servers or f"{self.broker_host}:{self.broker_port}"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic_prefix}.dlq"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

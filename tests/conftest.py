@@ -1,0 +1,48 @@
+"""Test-session fixtures: ONE real Apache Kafka broker (the project's own local
+broker) on free ports with its own data directory, stopped at the end of the
+session whether the tests pass or fail. No Kafka mock or fake anywhere."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from infra.broker import LocalBroker
+from infra.logging import configure_logging
+from infra.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    configure_logging("INFO", "json")
+    settings = Settings(
+        home=tmp_path_factory.mktemp("joynexus-home"),
+        broker_port=free_port(), controller_port=free_port(),
+        max_attempts=2, retry_backoff_s=0.05, _env_file=None,
+    )
+    local = LocalBroker(settings)
+    local.up()
+    try:
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture(scope="session")
+def settings(broker: LocalBroker) -> Settings:
+    return broker.settings
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short unique suffix for topic and group names, so tests never share state."""
+    return uuid.uuid4().hex[:8]
