@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import for_code
 from aiokafka.structs import TopicPartition
 
 from infra.errors import SchemaError, TopicError
@@ -39,6 +41,19 @@ class ReplayedRecord:
 
 def _ms(value: datetime | None) -> int | None:
     return None if value is None else int(value.timestamp() * 1000)
+
+
+async def _partitions(settings: Settings, topic: str) -> list[int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap,
+                                request_timeout_ms=settings.request_timeout_ms)
+    await admin.start()
+    try:
+        (meta,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    if meta["error_code"]:
+        raise TopicError(f"topic {topic!r}: {for_code(meta['error_code']).__name__}")
+    return sorted(p["partition"] for p in meta["partitions"])
 
 
 async def _bounds(
@@ -79,10 +94,7 @@ async def replay(
     )
     await consumer.start()
     try:
-        known = await consumer.topics()
-        if topic not in known:
-            raise TopicError(f"topic {topic!r} does not exist")
-        all_partitions = sorted(consumer.partitions_for_topic(topic) or ())
+        all_partitions = await _partitions(settings, topic)
         chosen = all_partitions if partitions is None else sorted(partitions)
         if missing := set(chosen) - set(all_partitions):
             raise TopicError(f"{topic} has no partition(s) {sorted(missing)}")

@@ -11,6 +11,7 @@ prefixes) and no ``_`` (Kafka's metric names confuse ``.`` and ``_``).
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -159,8 +160,17 @@ class TopicAdmin:
             for name, code, *_ in response.topic_error_codes:
                 if code not in (0, _UNKNOWN_TOPIC):
                     raise TopicError(f"deleting {name}: {for_code(code).__name__}")
+            await self._wait_gone(topics)
             log.info("deleted tenant topics", tenant=tenant, topics=topics)
         return topics
+
+    async def _wait_gone(self, topics: list[str], timeout_s: float = 30.0) -> None:
+        """Deletion is asynchronous on the broker; return once metadata no longer lists them."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while set(topics) & set(await self._admin.list_topics()):
+            if asyncio.get_running_loop().time() > deadline:
+                raise TopicError(f"topics still listed {timeout_s:.0f}s after deletion: {topics}")
+            await asyncio.sleep(0.1)
 
     async def partitions(self, topic: str) -> int:
         (meta,) = await self._admin.describe_topics([topic])

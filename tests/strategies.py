@@ -58,3 +58,34 @@ def events_of(cls: type[Event]) -> st.SearchStrategy[Event]:
 
 def any_event() -> st.SearchStrategy[Event]:
     return st.one_of(*(events_of(cls) for cls in EVENT_TYPES.values()))
+
+
+def filled(schema: Any, named: dict[str, Any] | None = None) -> Any:
+    """A deterministic value for a schema with every optional branch filled in."""
+    named = {} if named is None else named
+    if isinstance(schema, list):
+        branches = [b for b in schema if b != "null"]
+        return filled(branches[0], named) if branches else None
+    if isinstance(schema, str):
+        if schema in named:
+            return filled(named[schema], named)
+        return {"null": None, "boolean": True, "int": 7, "long": 2**40, "double": 0.5,
+                "float": 0.25, "bytes": b"\x00\x01payload", "string": "text"}[schema]
+    if schema.get("logicalType") == "timestamp-millis":
+        return datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    kind = schema["type"]
+    if kind == "record":
+        named[schema["name"]] = schema
+        return {f["name"]: filled(f["type"], named) for f in schema["fields"]}
+    if kind == "enum":
+        named[schema["name"]] = schema
+        return schema["symbols"][0]
+    if kind == "array":
+        return [filled(schema["items"], named)]
+    if kind == "map":
+        return {"key": filled(schema["values"], named)}
+    return filled(kind, named)
+
+
+def filled_event(cls: type[Event]) -> Event:
+    return cls.model_validate(filled(_REGISTRY.current(cls.__avro_name__).parsed))

@@ -1,0 +1,45 @@
+"""Small helpers shared by the broker tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from consumers.replay import ReplayedRecord, replay
+from infra.settings import Settings
+
+
+async def read_topic(settings: Settings, topic: str, **window) -> list[ReplayedRecord]:
+    return [r async for r in replay(settings, topic, **window)]
+
+
+async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout_s: float = 60.0,
+                   what: str = "condition") -> None:
+    """Poll until true; generous bounds, never a timing assertion."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def running(worker) -> AsyncIterator[None]:
+    """Start a ConsumeLoop/TransformWorker, run it in a task, stop it on exit."""
+    await worker.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        try:
+            await asyncio.wait_for(task, 30)
+        finally:
+            await worker.stop()

@@ -1,0 +1,113 @@
+"""Produce, consume, DLQ and group commits against the real broker."""
+
+from __future__ import annotations
+
+import pytest
+from aiokafka.structs import TopicPartition
+
+from consumers.abc import RecordContext
+from consumers.loop import ConsumeLoop, make_consumer
+from infra.settings import Settings
+from infra.topics import TopicAdmin
+from producers.producer import EventProducer
+from schemas.events import EVENT_TYPES, Envelope, Event, Heartbeat, RoleStatus
+from tests.helpers import read_topic, running, wait_for
+from tests.strategies import filled_event
+
+pytestmark = pytest.mark.broker
+
+
+def heartbeat(seq: int, tenant: str | None = None) -> Heartbeat:
+    return Heartbeat(envelope=Envelope(tenant_id=tenant), role="test", instance_id="i",
+                     host="h", pid=1, status=RoleStatus.HEALTHY, sequence=seq)
+
+
+async def test_every_schema_round_trips_through_the_broker(settings: Settings, unique: str) -> None:
+    topic = f"test.roundtrip.{unique}"
+    events = [filled_event(cls) for cls in EVENT_TYPES.values()]
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 1)
+    async with EventProducer(settings) as producer:
+        for event in events:
+            await producer.send(topic, event, key=type(event).__name__)
+    records = await read_topic(settings, topic)
+    assert [r.error for r in records] == [None] * len(events)
+    assert [r.event for r in records] == events
+    assert [r.key.decode() for r in records] == [type(e).__name__ for e in events]
+
+
+async def test_garbage_goes_to_dlq_and_the_consumer_carries_on(settings: Settings, unique: str) -> None:
+    topic, group = f"test.dlq.{unique}", f"g-{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        await admin.ensure_topic(topic, 1)
+    dlq_before = len(await read_topic(settings, settings.dlq_topic))
+
+    async with EventProducer(settings) as producer:
+        await producer.send(topic, heartbeat(0))
+        garbage = await producer.send_raw(topic, b"\x13\x37 not avro", key=b"k1",
+                                          headers=[("trace", b"abc")], timestamp_ms=1_700_000_000_000)
+        await producer.send(topic, heartbeat(1))
+        await producer.send(topic, heartbeat(666))  # the handler always fails on this one
+        await producer.send(topic, heartbeat(2))
+
+    seen: list[int] = []
+
+    def handler(event: Event, ctx: RecordContext) -> None:
+        assert isinstance(event, Heartbeat)
+        if event.sequence == 666:
+            raise ValueError("cannot handle 666")
+        seen.append(event.sequence)
+
+    loop = ConsumeLoop(settings, group_id=group, topics=[topic], handler=handler, role="test")
+    async with running(loop):
+        await wait_for(lambda: loop.processed + loop.dead_lettered == 5, what="5 records")
+    assert seen == [0, 1, 2]
+    assert loop.dead_lettered == 2
+
+    dead = (await read_topic(settings, settings.dlq_topic))[dlq_before:]
+    assert len(dead) == 2
+    by_stage = {dict(d.headers)["dlq.stage"]: d for d in dead}
+    decode = by_stage[b"decode"]
+    headers = dict(decode.headers)
+    assert decode.value == b"\x13\x37 not avro" and decode.key == b"k1"
+    assert decode.timestamp_ms == 1_700_000_000_000
+    assert headers["trace"] == b"abc"
+    assert headers["dlq.source.topic"] == topic.encode()
+    assert headers["dlq.source.partition"] == b"0"
+    assert headers["dlq.source.offset"] == str(garbage.offset).encode()
+    assert headers["dlq.error.class"] == b"DecodeError"
+    assert b"unknown framing" in headers["dlq.error.message"]
+    assert decode.error is not None  # replay shows it undecodable, without failing
+
+    process = dict(by_stage[b"process"].headers)
+    assert process["dlq.error.class"] == b"ValueError"
+    assert process["dlq.attempts"] == str(settings.max_attempts).encode()
+    assert process["dlq.group"] == group.encode()
+
+    # Everything was committed: a new member of the group has nothing left to read.
+    consumer = make_consumer(settings, group, topics=[topic])
+    await consumer.start()
+    try:
+        assert await consumer.committed(TopicPartition(topic, 0)) == 5
+    finally:
+        await consumer.stop()
+
+
+async def test_pattern_subscription_sees_every_tenant(settings: Settings, unique: str) -> None:
+    tenants = [f"p{i}-{unique}" for i in range(3)]
+    async with TopicAdmin(settings) as admin:
+        for tenant in tenants:
+            await admin.ensure_tenant(tenant)
+    got: list[tuple[str | None, str]] = []
+
+    async def handler(event: Event, ctx: RecordContext) -> None:
+        got.append((event.tenant_id, ctx.topic))
+
+    loop = ConsumeLoop(settings, group_id=f"pattern-{unique}", role="test", handler=handler,
+                       pattern=rf"nexus\.t\.p\d-{unique}\.status")
+    async with running(loop), EventProducer(settings) as producer:
+        for tenant in tenants:
+            await producer.send(f"nexus.t.{tenant}.status", heartbeat(0, tenant), key=tenant)
+        await wait_for(lambda: len(got) == 3, what="one record per tenant")
+    assert sorted(got) == sorted((t, f"nexus.t.{t}.status") for t in tenants)
