@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from consumers.abc import Handler, RecordContext
@@ -156,6 +157,7 @@ class ConsumeLoop:
         self.codec = codec or Codec()
         self.start_at = start_at
         self._started: set[TopicPartition] = set()
+        self._pending: dict[TopicPartition, int] = {}
         self._own_producer = dlq_producer is None
         self.producer = dlq_producer or EventProducer(settings, self.codec,
                                                       client_id=f"{role}-dlq")
@@ -193,11 +195,34 @@ class ConsumeLoop:
         """Consume until ``stop`` is set (or forever). Call ``start`` first."""
         stop = stop or asyncio.Event()
         while not stop.is_set():
+            await self._commit_pending()
             batches = await self.consumer.getmany(timeout_ms=200)
             for tp, records in batches.items():
                 for record in records:
                     await self._process(record)
-                await self.consumer.commit({tp: records[-1].offset + 1})
+                self._pending[tp] = records[-1].offset + 1
+            await self._commit_pending()
+        await self._commit_pending()
+
+    async def _commit_pending(self) -> None:
+        """Commit processed offsets; on a broker hiccup keep them and try again later.
+
+        The records are already handled, so a failed commit only means they may
+        be handled again after a rebalance (at least once), never lost.
+        """
+        owned = self.consumer.assignment()
+        offsets = {tp: off for tp, off in self._pending.items() if tp in owned}
+        if not offsets:
+            self._pending.clear()
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except KafkaError as exc:
+            log.warning("commit failed; will retry", error_class=type(exc).__name__,
+                        error=str(exc)[:300])
+            await asyncio.sleep(self.settings.retry_backoff_s)
+            return
+        self._pending.clear()
 
     async def _process(self, record: ConsumerRecord) -> None:
         ctx = context_of(record, self.group_id)
@@ -221,8 +246,17 @@ class ConsumeLoop:
 
     async def _dead_letter(self, record: ConsumerRecord, exc: BaseException, stage: str,
                            attempts: int) -> None:
-        await publish_dead_letter(self.producer, self.settings.dlq_topic, record, exc,
-                                  stage=stage, attempts=attempts, group_id=self.group_id)
+        # The partition cannot move past this record until its dead letter is
+        # acknowledged: keep trying through broker outages rather than drop it.
+        while True:
+            try:
+                await publish_dead_letter(self.producer, self.settings.dlq_topic, record, exc,
+                                          stage=stage, attempts=attempts, group_id=self.group_id)
+                break
+            except KafkaError as send_error:
+                log.warning("dead-letter publish failed; retrying",
+                            error_class=type(send_error).__name__)
+                await asyncio.sleep(max(self.settings.retry_backoff_s, 1.0))
         self.dead_lettered += 1
         log.error("record dead-lettered", stage=stage, error_class=type(exc).__name__,
                   error=str(exc)[:500])

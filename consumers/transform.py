@@ -70,6 +70,7 @@ class TransformWorker:
         self.consumer = make_consumer(settings, group_id, topics=topics, listener=_Listener(self))
         self._producers: dict[TopicPartition, EventProducer] = {}
         self._revoked: set[TopicPartition] = set()
+        self._to_rewind: set[TopicPartition] = set()
         self.committed_batches = 0
         self.aborted_batches = 0
 
@@ -86,9 +87,11 @@ class TransformWorker:
         while not stop.is_set():
             for tp in [tp for tp in self._producers if tp in self._revoked]:
                 await self._close_producer(tp)
+            await self._rewind_pending()
             batches = await self.consumer.getmany(timeout_ms=200)
             for tp, records in batches.items():
-                await self._run_batch(tp, records)
+                if tp not in self._to_rewind:
+                    await self._run_batch(tp, records)
 
     async def _producer_for(self, tp: TopicPartition) -> EventProducer:
         if tp not in self._producers:
@@ -151,10 +154,27 @@ class TransformWorker:
                   error=str(exc)[:500])
 
     async def _rewind(self, tp: TopicPartition) -> None:
-        if tp not in self.consumer.assignment():
-            return
-        committed = await self.consumer.committed(tp)
-        if committed is None:
-            await self.consumer.seek_to_beginning(tp)
-        else:
-            self.consumer.seek(tp, committed)
+        """Go back to the committed offset; while the broker cannot say where that is,
+        the partition stays paused so nothing is read from a wrong position."""
+        self._to_rewind.add(tp)
+        self.consumer.pause(tp)
+        await self._rewind_pending()
+
+    async def _rewind_pending(self) -> None:
+        for tp in list(self._to_rewind):
+            if tp not in self.consumer.assignment():
+                self._to_rewind.discard(tp)  # the next owner starts from the committed offset
+                continue
+            try:
+                committed = await self.consumer.committed(tp)
+            except KafkaError as exc:
+                log.warning("cannot read committed offset yet", topic=tp.topic,
+                            partition=tp.partition, error_class=type(exc).__name__)
+                await asyncio.sleep(self.settings.retry_backoff_s)
+                continue
+            if committed is None:
+                await self.consumer.seek_to_beginning(tp)
+            else:
+                self.consumer.seek(tp, committed)
+            self._to_rewind.discard(tp)
+            self.consumer.resume(tp)

@@ -9,12 +9,42 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 
 import structlog
 
 __all__ = ["configure_logging", "get_logger"]
 
 _configured = False
+
+
+class RepeatFilter(logging.Filter):
+    """Lets an identical library message through at most once per ``interval_s``.
+
+    While a broker is down, aiokafka's fetcher retries metadata without backoff
+    and logs "Unable to update metadata" thousands of times a second (measured:
+    14,099 lines in a 2 s outage). The retries are aiokafka's; the flood of
+    identical lines is not useful, so repeats are folded into a count.
+    """
+
+    def __init__(self, interval_s: float = 5.0):
+        super().__init__()
+        self.interval_s = interval_s
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.getMessage())
+        now = time.monotonic()
+        last, suppressed = self._last.get(key, (float("-inf"), 0))
+        if now - last < self.interval_s:
+            self._last[key] = (last, suppressed + 1)
+            return False
+        if suppressed:
+            record.suppressed_repeats = suppressed
+        self._last[key] = (now, 0)
+        if len(self._last) > 10_000:  # messages with ever-changing text must not leak memory
+            self._last.clear()
+        return True
 
 
 def configure_logging(level: str = "INFO", fmt: str = "json", force: bool = False) -> None:
@@ -46,9 +76,11 @@ def configure_logging(level: str = "INFO", fmt: str = "json", force: bool = Fals
     # aiokafka and other libraries log through the standard library: render
     # their records with the same processors, so the stream stays one JSON per line.
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RepeatFilter())
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
         foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name,
+                           structlog.stdlib.ExtraAdder(("suppressed_repeats",)),
                            structlog.processors.format_exc_info],
     ))
     root = logging.getLogger()
