@@ -134,6 +134,7 @@ class _Listener(ConsumerRebalanceListener):
                      partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._loop.assignments += 1
         if assigned:
             log.info("partitions assigned", group=self._loop.group_id,
                      partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
@@ -165,6 +166,7 @@ class ConsumeLoop:
                                       listener=_Listener(self))
         self.processed = 0
         self.dead_lettered = 0
+        self.assignments = 0  # rebalances this member went through (1 = no rebalance)
 
     async def _apply_start(self, assigned: set[TopicPartition]) -> None:
         fresh = [tp for tp in assigned if tp not in self._started]

@@ -50,6 +50,16 @@ def _fail(exc: Exception) -> None:
 
 
 # ---------------------------------------------------------------------- broker
+@broker_app.command("fetch")
+def broker_fetch() -> None:
+    """Resolve the Kafka jars from Maven Central into the cache (done by `up` too)."""
+    try:
+        libs = LocalBroker(_settings()).fetch()
+    except JoynexusError as exc:
+        _fail(exc)
+    console.print(f"Kafka {get_settings().kafka_version} jars in {libs}")
+
+
 @broker_app.command("up")
 def broker_up() -> None:
     """Fetch (once), format (once) and start the broker; wait until it answers."""

@@ -111,3 +111,36 @@ async def test_pattern_subscription_sees_every_tenant(settings: Settings, unique
             await producer.send(f"nexus.t.{tenant}.status", heartbeat(0, tenant), key=tenant)
         await wait_for(lambda: len(got) == 3, what="one record per tenant")
     assert sorted(got) == sorted((t, f"nexus.t.{t}.status") for t in tenants)
+
+
+async def test_slow_sync_handler_does_not_starve_heartbeats(settings: Settings, unique: str) -> None:
+    """A plain-function handler busy for longer than the session timeout runs in a
+    thread, so the member keeps heartbeating: no rebalance, and its commit succeeds."""
+    import time
+
+    topic, group = f"test.slow.{unique}", f"slow-{unique}"
+    tight = settings.model_copy(update={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000})
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 1)
+    async with EventProducer(settings) as producer:
+        for seq in range(3):
+            await producer.send(topic, heartbeat(seq))
+    done: list[int] = []
+
+    def slow(event: Event, ctx: RecordContext) -> None:
+        if event.sequence == 0:
+            time.sleep(9)  # CPU-bound work stand-in, 1.5x the session timeout
+        done.append(event.sequence)
+
+    loop = ConsumeLoop(tight, group_id=group, topics=[topic], handler=slow, role="test")
+    async with running(loop):
+        await wait_for(lambda: len(done) == 3, timeout_s=60, what="3 records")
+        await wait_for(lambda: not loop._pending, what="the commit")
+    assert done == [0, 1, 2]
+    assert loop.assignments == 1, "the member was kicked out of its group while working"
+    consumer = make_consumer(settings, group, topics=[topic])
+    await consumer.start()
+    try:
+        assert await consumer.committed(TopicPartition(topic, 0)) == 3
+    finally:
+        await consumer.stop()

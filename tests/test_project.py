@@ -1,0 +1,58 @@
+"""Project-level promises: one Kafka version everywhere, the layering rules of the
+architecture page, and the README's two commands."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import yaml
+
+from infra.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_one_kafka_version_everywhere() -> None:
+    pom = re.search(r"<kafka.version>(.+?)</kafka.version>",
+                    (ROOT / "infra/kafka/pom.xml").read_text()).group(1)
+    compose = yaml.safe_load((ROOT / "infra/docker-compose.yml").read_text())
+    image = compose["services"]["kafka"]["image"]
+    default = Settings.model_fields["kafka_version"].default
+    readme = (ROOT / "README.md").read_text()
+    assert image == f"apache/kafka:{pom}"
+    assert default == pom
+    assert f"Apache Kafka {pom}" in readme
+
+
+def _imports(folder: str) -> set[str]:
+    names: set[str] = set()
+    for path in (ROOT / folder).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names.add(node.module.split(".")[0])
+    return names
+
+
+def test_compute_never_imports_kafka() -> None:
+    for folder in ("backbone", "tenants"):
+        assert not _imports(folder) & {"aiokafka", "faust", "kafka", "producers", "consumers"}, folder
+
+
+def test_bus_never_imports_tensor_libraries() -> None:
+    for folder in ("producers", "consumers", "schemas"):
+        assert not _imports(folder) & {"torch", "transformers", "peft"}, folder
+
+
+def test_only_schemas_imports_avro() -> None:
+    for folder in ("producers", "consumers", "backbone", "tenants", "infra"):
+        assert "fastavro" not in _imports(folder), folder
+
+
+def test_ci_runs_exactly_the_readme_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in readme and "make demo" in readme
+    assert "exec make test" in (ROOT / ".ci/run").read_text()
