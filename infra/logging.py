@@ -47,10 +47,9 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str = "INFO", fmt: str = "json", force: bool = False) -> None:
+def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
+    """(Re)configure logging for the process; safe to call again with new values."""
     global _configured
-    if _configured and not force:
-        return
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     renderer = (
         structlog.processors.JSONRenderer()
@@ -71,7 +70,9 @@ def configure_logging(level: str = "INFO", fmt: str = "json", force: bool = Fals
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        # Loggers are module globals created at import; not caching them lets a
+        # later configure_logging (the CLI's, a test's) take effect everywhere.
+        cache_logger_on_first_use=False,
     )
     # aiokafka and other libraries log through the standard library: render
     # their records with the same processors, so the stream stays one JSON per line.
@@ -90,7 +91,9 @@ def configure_logging(level: str = "INFO", fmt: str = "json", force: bool = Fals
 
 
 def get_logger(name: str | None = None, **bound: object) -> structlog.typing.FilteringBoundLogger:
-    configure_logging()
+    """A lazy logger: it renders with whatever configuration is current when it logs."""
+    if not _configured:
+        configure_logging()
     if name:
-        bound = {"logger": name, **bound}
-    return structlog.get_logger().bind(**bound)
+        bound = {"component": name, **bound}
+    return structlog.get_logger(**bound)

@@ -150,7 +150,9 @@ async def _wait_assigned(loop: ConsumeLoop, timeout_s: float) -> None:
     await asyncio.sleep(0.5)
 
 
-def _report(sent: list[tuple[str, ev.Event, str]], received: dict[str, tuple[ev.Event, float]]) -> RoundTripReport:
+def _report(
+    sent: list[tuple[str, ev.Event, str]], received: dict[str, tuple[ev.Event, float]],
+) -> RoundTripReport:
     groups: dict[tuple[str, str], list[float | None]] = {}
     ok = True
     for topic, event, _ in sent:

@@ -1,1 +1,4 @@
-"""Tenant-private state: action modules, adapters, optimizer slots, checkpoints and the policy store (no Kafka)."""
+"""Tenant-private state: action modules, adapters, optimizer slots, checkpoints, the policy store.
+
+No Kafka here.
+"""

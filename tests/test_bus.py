@@ -144,3 +144,65 @@ async def test_slow_sync_handler_does_not_starve_heartbeats(settings: Settings, 
         assert await consumer.committed(TopicPartition(topic, 0)) == 3
     finally:
         await consumer.stop()
+
+
+async def test_start_at_replays_a_group_from_an_offset_or_a_time(settings: Settings, unique: str) -> None:
+    from datetime import UTC, datetime
+
+    from consumers.loop import StartAt
+
+    topic = f"test.startat.{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 1)
+    async with EventProducer(settings) as producer:
+        stamps = [(await producer.send(topic, heartbeat(seq))).timestamp for seq in range(10)]
+
+    async def consume(start: StartAt, expect: int) -> list[int]:
+        got: list[int] = []
+
+        async def handler(event: Event, ctx: RecordContext) -> None:
+            got.append(event.sequence)
+
+        loop = ConsumeLoop(settings, group_id=f"start-{unique}-{len(str(start))}-{expect}",
+                           topics=[topic], handler=handler, role="test", start_at=start)
+        async with running(loop):
+            await wait_for(lambda: len(got) >= expect, what=f"{expect} records")
+        return got
+
+    assert await consume(StartAt(offset=7), 3) == [7, 8, 9]
+    sixth = datetime.fromtimestamp(stamps[6] / 1000, UTC)
+    from_time = await consume(StartAt(time=sixth), 10 - 6)
+    # Records sharing the 6th's millisecond also count: the window starts at that time.
+    assert from_time == [s for s in range(10) if stamps[s] >= stamps[6]]
+
+
+async def test_logs_are_json_bound_to_the_record(settings: Settings, unique: str) -> None:
+    import structlog
+
+    from infra.logging import configure_logging
+
+    topic = f"nexus.t.log-{unique}.status"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_tenant(f"log-{unique}")
+        await admin.ensure_shared()
+    async with EventProducer(settings) as producer:
+        await producer.send(topic, heartbeat(1, f"log-{unique}"))
+
+    def handler(event: Event, ctx: RecordContext) -> None:
+        raise RuntimeError("boom")
+
+    captured = structlog.testing.LogCapture()
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, captured])
+    try:
+        loop = ConsumeLoop(settings, group_id=f"log-{unique}", topics=[topic], handler=handler,
+                           role="metering")
+        async with running(loop):
+            await wait_for(lambda: loop.dead_lettered == 1, what="the dead letter")
+    finally:
+        configure_logging(settings.log_level, settings.log_format)
+    failures = [e for e in captured.entries if e["event"] == "handler failed"]
+    assert failures, captured.entries
+    for entry in failures + [e for e in captured.entries if e["event"] == "record dead-lettered"]:
+        assert entry["role"] == "metering"
+        assert entry["tenant"] == f"log-{unique}"
+        assert (entry["topic"], entry["partition"], entry["offset"]) == (topic, 0, 0)
