@@ -11,6 +11,7 @@ demo: setup
 
 # The whole suite; it starts its own broker on free ports and stops it at the end.
 test: setup
+	.venv/bin/ruff check .
 	.venv/bin/python -m pytest
 
 lint:
