@@ -160,16 +160,22 @@ class TopicAdmin:
             for name, code, *_ in response.topic_error_codes:
                 if code not in (0, _UNKNOWN_TOPIC):
                     raise TopicError(f"deleting {name}: {for_code(code).__name__}")
-            await self._wait_gone(topics)
+            await self._wait_listed(topics, present=False)
             log.info("deleted tenant topics", tenant=tenant, topics=topics)
         return topics
 
-    async def _wait_gone(self, topics: list[str], timeout_s: float = 30.0) -> None:
-        """Deletion is asynchronous on the broker; return once metadata no longer lists them."""
+    async def _wait_listed(self, topics: Iterable[str], present: bool, timeout_s: float = 30.0) -> None:
+        """Creation and deletion finish asynchronously on the broker (KRaft propagates
+        them to the metadata cache); return once metadata shows the change."""
+        wanted = set(topics)
         deadline = asyncio.get_running_loop().time() + timeout_s
-        while set(topics) & set(await self._admin.list_topics()):
+        while True:
+            listed = set(await self._admin.list_topics())
+            if (wanted <= listed) if present else not (wanted & listed):
+                return
             if asyncio.get_running_loop().time() > deadline:
-                raise TopicError(f"topics still listed {timeout_s:.0f}s after deletion: {topics}")
+                state = "listed" if present else "gone"
+                raise TopicError(f"topics not {state} {timeout_s:.0f}s after the request: {sorted(wanted)}")
             await asyncio.sleep(0.1)
 
     async def partitions(self, topic: str) -> int:
@@ -183,6 +189,7 @@ class TopicAdmin:
         missing = [n for n in specs if n not in existing]
         if missing:
             await self._create(missing, specs)
+            await self._wait_listed(missing, present=True)
         for name in specs.keys() - set(missing):
             await self._check_existing(name, specs[name])
         if missing:
