@@ -155,14 +155,20 @@ class TopicAdmin:
 
     async def delete_tenant(self, tenant: str) -> list[str]:
         topics = await self.tenant_topics(tenant)
+        await self.delete_topics(topics)
         if topics:
-            response = await self._admin.delete_topics(topics)
-            for name, code, *_ in response.topic_error_codes:
-                if code not in (0, _UNKNOWN_TOPIC):
-                    raise TopicError(f"deleting {name}: {for_code(code).__name__}")
-            await self._wait_listed(topics, present=False)
             log.info("deleted tenant topics", tenant=tenant, topics=topics)
         return topics
+
+    async def delete_topics(self, topics: list[str]) -> None:
+        """Delete topics (missing ones are fine); return once metadata no longer lists them."""
+        if not topics:
+            return
+        response = await self._admin.delete_topics(topics)
+        for name, code, *_ in response.topic_error_codes:
+            if code not in (0, _UNKNOWN_TOPIC):
+                raise TopicError(f"deleting {name}: {for_code(code).__name__}")
+        await self._wait_listed(topics, present=False)
 
     async def _wait_listed(self, topics: Iterable[str], present: bool, timeout_s: float = 30.0) -> None:
         """Creation and deletion finish asynchronously on the broker (KRaft propagates

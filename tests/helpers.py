@@ -43,3 +43,9 @@ async def running(worker) -> AsyncIterator[None]:
             await asyncio.wait_for(task, 30)
         finally:
             await worker.stop()
+
+
+async def dead_letters_from(settings: Settings, source_topic: str) -> list[ReplayedRecord]:
+    """The DLQ is shared and partitioned: pick the dead letters of one source topic."""
+    return [r for r in await read_topic(settings, settings.dlq_topic)
+            if dict(r.headers).get("dlq.source.topic") == source_topic.encode()]

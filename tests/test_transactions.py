@@ -15,7 +15,7 @@ from infra.settings import Settings
 from infra.topics import TopicAdmin
 from producers.producer import EventProducer
 from schemas.events import Envelope, Event, Heartbeat, RoleStatus
-from tests.helpers import read_topic, running, wait_for
+from tests.helpers import dead_letters_from, read_topic, running, wait_for
 
 pytestmark = pytest.mark.broker
 
@@ -56,7 +56,6 @@ async def test_transform_dead_letters_inside_the_transaction(settings: Settings,
         await admin.ensure_shared()
         await admin.ensure_topic(source, 1)
         await admin.ensure_topic(sink, 1)
-    dlq_before = len(await read_topic(settings, settings.dlq_topic))
     async with EventProducer(settings) as producer:
         await producer.send(source, hb(0))
         await producer.send_raw(source, b"garbage")
@@ -71,14 +70,14 @@ async def test_transform_dead_letters_inside_the_transaction(settings: Settings,
     worker = TransformWorker(settings, group_id=group, topics=[source], transform=transform,
                              role="test")
     async def all_committed() -> bool:
-        dead = await read_topic(settings, settings.dlq_topic)
-        return len(await read_topic(settings, sink)) == 2 and len(dead) - dlq_before == 2
+        dead = await dead_letters_from(settings, source)
+        return len(await read_topic(settings, sink)) == 2 and len(dead) == 2
 
     async with running(worker):
         await wait_for(all_committed, what="outputs and dead letters to commit")
     outputs = await read_topic(settings, sink)
     assert [(r.event.sequence, r.event.role) for r in outputs] == [(0, "out"), (2, "out")]
-    dead = (await read_topic(settings, settings.dlq_topic))[dlq_before:]
+    dead = await dead_letters_from(settings, source)
     stages = sorted((dict(d.headers)["dlq.stage"], dict(d.headers)["dlq.error.class"]) for d in dead)
     assert stages == [(b"decode", b"DecodeError"), (b"process", b"ValueError")]
 
