@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     )
     compression_type: Literal["gzip", "snappy", "lz4", "zstd"] | None = "zstd"
     request_timeout_ms: int = 40_000
+    # 0: the inference queue is latency-bound; under load the producer still batches
+    # whatever accumulates while a request is in flight.
+    producer_linger_ms: int = Field(0, ge=0)
     # Handlers run CPU work in a thread (see consumers.loop), so the poll interval
     # only needs to cover one batch of slow handlers, not the event loop's stalls.
     max_poll_interval_ms: int = 300_000

@@ -50,7 +50,7 @@ class EventProducer:
             compression_type=settings.compression_type,
             request_timeout_ms=settings.request_timeout_ms,
             max_request_size=MAX_REQUEST_BYTES,
-            linger_ms=5,
+            linger_ms=settings.producer_linger_ms,
         )
 
     async def start(self) -> None:
