@@ -1,0 +1,190 @@
+"""GroupBatcher: many tenants' requests, one backbone forward per compatible group.
+
+``await batcher.submit(request)`` returns that request's VLAFeature. Requests
+are normalised on submit (a bad one fails there, alone) and queued in the
+bucket of their key (see ``backbone.inputs``). A bucket is flushed when it
+holds ``target_batch`` requests (B) or when its oldest request has waited
+``max_wait_ms`` (T); one flush takes at most ``max_batch`` requests, oldest
+first, and runs ONE forward. Results go back to each request's own future, so
+nothing is lost or reordered. If a forward fails, each request of the group is
+retried alone, so only the culprit sees the error.
+
+The forward runs in a worker thread: the event loop (and any Kafka consumer
+on it) stays responsive. One forward at a time: the backbone is one device.
+Each group is recorded (size, tenants, wait, busy time) for the utilisation report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from backbone.feature import VLAFeature
+from backbone.inputs import BucketKey, Prepared, VLARequest
+from backbone.model import Backbone
+from infra.logging import get_logger
+
+__all__ = ["BatcherConfig", "GroupBatcher", "GroupRecord"]
+
+log = get_logger("backbone.batcher")
+
+
+@dataclass(frozen=True)
+class BatcherConfig:
+    target_batch: int = 8  # B
+    max_wait_ms: float = 10.0  # T
+    max_batch: int = 32
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.target_batch <= self.max_batch:
+            raise ValueError("need 1 <= target_batch <= max_batch")
+        if self.max_wait_ms < 0:
+            raise ValueError("max_wait_ms must be >= 0")
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    key: BucketKey
+    size: int
+    tenants: tuple[str, ...]  # one entry per request, in group order
+    reason: str  # "full" (reached B), "timeout" (waited T) or "drain" (stopping)
+    wait_s: float  # how long the oldest request waited
+    busy_s: float  # backbone forward time
+    retried_alone: bool = False
+
+
+@dataclass
+class _Pending:
+    prepared: Prepared
+    future: asyncio.Future
+    enqueued: float
+
+
+class GroupBatcher:
+    def __init__(self, backbone: Backbone, config: BatcherConfig = BatcherConfig(),
+                 clock: Callable[[], float] = time.monotonic,
+                 on_group: Callable[[GroupRecord], None] | None = None):
+        self.backbone = backbone
+        self.config = config
+        self.clock = clock
+        self.on_group = on_group
+        self.records: list[GroupRecord] = []
+        self._buckets: dict[BucketKey, deque[_Pending]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name="group-batcher")
+
+    async def stop(self) -> None:
+        """Flush everything still queued, then stop."""
+        self._stopping = True
+        self._wake.set()
+        if self._task:
+            await self._task
+            self._task = None
+
+    async def __aenter__(self) -> GroupBatcher:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def submit(self, request: VLARequest) -> VLAFeature:
+        """Queue one request; returns its features once its group has run."""
+        if self._task is None or self._stopping:
+            raise RuntimeError("GroupBatcher is not running")
+        prepared = await asyncio.to_thread(self.backbone.prepare, request)  # InvalidRequest: alone
+        future = asyncio.get_running_loop().create_future()
+        self._buckets.setdefault(prepared.key, deque()).append(_Pending(prepared, future, self.clock()))
+        self._wake.set()
+        return await future
+
+    def wake(self) -> None:
+        """Re-check deadlines now (for a test clock that was moved forward)."""
+        self._wake.set()
+
+    def pending(self) -> int:
+        return sum(len(q) for q in self._buckets.values())
+
+    # ------------------------------------------------------------------ scheduler
+    def _due(self) -> tuple[BucketKey, str] | None:
+        now, wait_s = self.clock(), self.config.max_wait_ms / 1000
+        candidates = []
+        for key, queue in self._buckets.items():
+            if not queue:
+                continue
+            if len(queue) >= self.config.target_batch:
+                candidates.append((queue[0].enqueued, key, "full"))
+            elif self._stopping:
+                candidates.append((queue[0].enqueued, key, "drain"))
+            elif now - queue[0].enqueued >= wait_s:
+                candidates.append((queue[0].enqueued, key, "timeout"))
+        if not candidates:
+            return None
+        _, key, reason = min(candidates, key=lambda c: c[0])  # oldest request first
+        return key, reason
+
+    def _next_deadline_s(self) -> float | None:
+        oldest = [q[0].enqueued for q in self._buckets.values() if q]
+        if not oldest:
+            return None
+        return max(0.0, min(oldest) + self.config.max_wait_ms / 1000 - self.clock())
+
+    async def _run(self) -> None:
+        while True:
+            due = self._due()
+            if due is None:
+                if self._stopping:
+                    return
+                self._wake.clear()
+                timeout = self._next_deadline_s()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+                continue
+            key, reason = due
+            queue = self._buckets[key]
+            group = [queue.popleft() for _ in range(min(len(queue), self.config.max_batch))]
+            await self._flush(key, group, reason)
+
+    async def _flush(self, key: BucketKey, group: list[_Pending], reason: str) -> None:
+        wait_s = self.clock() - group[0].enqueued
+        start = time.perf_counter()
+        retried = False
+        try:
+            features = await asyncio.to_thread(self.backbone.forward, [p.prepared for p in group])
+            for pending, feature in zip(group, features, strict=True):
+                _resolve(pending.future, feature)
+        except Exception as exc:  # isolate the culprit: every request alone
+            retried = len(group) > 1
+            log.warning("group forward failed; retrying requests alone", size=len(group),
+                        error_class=type(exc).__name__, error=str(exc)[:300])
+            for pending in group:
+                try:
+                    (feature,) = await asyncio.to_thread(self.backbone.forward, [pending.prepared])
+                    _resolve(pending.future, feature)
+                except Exception as alone:
+                    _fail(pending.future, alone)
+        record = GroupRecord(key, len(group), tuple(p.prepared.tenant for p in group), reason,
+                             wait_s, time.perf_counter() - start, retried)
+        self.records.append(record)
+        if self.on_group:
+            self.on_group(record)
+
+
+def _resolve(future: asyncio.Future, value: VLAFeature) -> None:
+    if not future.done():  # the submitter may have been cancelled
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

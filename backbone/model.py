@@ -1,0 +1,218 @@
+"""The shared backbone: ONE frozen VLM, resident, read-only for every tenant.
+
+``Backbone.load(path)`` takes any local Hugging Face checkpoint directory of a
+supported family; ``Backbone.from_preset(name, root)`` builds a preset with
+random weights once (seeded), saves it with ``save_pretrained`` under ``root``
+and loads it back through the same path. Parameters are frozen and the model
+is in eval() (BatchNorm-style layers must never see train mode: grouped and
+separate forwards would differ). ``prepare`` normalises one request;
+``forward`` runs one group of requests of the same bucket and returns one
+VLAFeature per request, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from backbone.families import Family, family_for
+from backbone.feature import VLAFeature
+from backbone.inputs import (
+    BucketKey,
+    InvalidRequest,
+    Prepared,
+    VLARequest,
+    pad_instruction,
+    proprio_tensor,
+    resize_images,
+)
+from backbone.presets import Preset, SpecialTokens, get_preset, hf_config
+from backbone.tokenizer import build_tokenizer
+from infra.errors import ConfigError
+from infra.logging import get_logger
+
+__all__ = ["Backbone", "BackboneSpec", "resolve_device"]
+
+log = get_logger("backbone.model")
+hf_logging.disable_progress_bar()  # shard-loading bars would interleave with JSON logs
+hf_logging.set_verbosity_error()
+SPEC_FILE = "joynexus_backbone.json"
+
+
+@dataclass(frozen=True)
+class BackboneSpec:
+    """What joynexus needs to know beyond the HF config; saved beside the checkpoint."""
+
+    family: str
+    image_size: int
+    max_cameras: int = 3
+    token_buckets: tuple[int, ...] = (8, 16, 32, 64)
+    preset: str | None = None
+    tokens: SpecialTokens = SpecialTokens()
+
+
+def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
+    """CUDA + bf16 when present, else CPU + fp32 (unless told otherwise)."""
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    return dev, getattr(torch, dtype)
+
+
+def _fingerprint(path: Path) -> str:
+    digest = hashlib.sha256()
+    for file in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.json")):
+        digest.update(file.name.encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _read_spec(path: Path, config) -> BackboneSpec:
+    spec_file = path / SPEC_FILE
+    if spec_file.exists():
+        raw = json.loads(spec_file.read_text())
+        raw["token_buckets"] = tuple(raw["token_buckets"])
+        raw["tokens"] = SpecialTokens(**raw["tokens"])
+        return BackboneSpec(**raw)
+    # A foreign checkpoint: take the vision tower's native resolution.
+    vision = getattr(config, "vision_config", None)
+    size = getattr(vision, "image_size", None) or 224
+    return BackboneSpec(family=config.model_type, image_size=int(size))
+
+
+class Backbone:
+    """A frozen VLM with its tokenizer and image processor."""
+
+    def __init__(self, model, tokenizer, family: Family, spec: BackboneSpec, backbone_id: str):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.family = family
+        self.spec = spec
+        self.backbone_id = backbone_id
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+
+    # ------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto", dtype: str = "auto") -> Backbone:
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise ConfigError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        spec = _read_spec(path, config)
+        family_cls = family_for(spec.family)
+        dev, dt = resolve_device(device, dtype)
+        model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dt)
+        model.to(dev)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
+        patch = getattr(config.vision_config, "patch_size", 14)
+        family = family_cls(processor, spec.tokens, patch)
+        backbone_id = f"{spec.preset or path.name}@{_fingerprint(path)}"
+        log.info("backbone loaded", path=str(path), family=spec.family, device=str(dev),
+                 dtype=str(dt), parameters=sum(p.numel() for p in model.parameters()),
+                 backbone_id=backbone_id)
+        return cls(model, tokenizer, family, spec, backbone_id)
+
+    @classmethod
+    def from_preset(cls, name: str, root: str | Path, device: str = "auto",
+                    dtype: str = "auto") -> Backbone:
+        preset = get_preset(name)
+        path = Path(root) / name
+        if not (path / SPEC_FILE).exists():
+            build_preset(preset, path)
+        return cls.load(path, device, dtype)
+
+    # ------------------------------------------------------------ requests
+    def prepare(self, request: VLARequest) -> Prepared:
+        """Validate and normalise one request. Raises InvalidRequest for it alone."""
+        spec = self.spec
+        images = resize_images(request.images, spec.image_size, spec.max_cameras)
+        if not isinstance(request.instruction, str):
+            raise InvalidRequest("instruction must be a string")
+        ids = self.tokenizer(request.instruction, add_special_tokens=False)["input_ids"]
+        padded, mask = pad_instruction(ids, spec.token_buckets, spec.tokens.pad)
+        pixels = self.family.pixels(images)
+        row = self.family.row(pixels, padded)
+        prefix = len(row) - len(padded)
+        return Prepared(
+            tenant=request.tenant, key=BucketKey(len(images), len(row)), pixels=pixels,
+            input_ids=torch.tensor(row, dtype=torch.long),
+            attention_mask=torch.tensor([True] * prefix + mask),
+            proprio=proprio_tensor(request.proprio), task_id=int(request.task_id),
+        )
+
+    @torch.no_grad()
+    def forward(self, group: Sequence[Prepared]) -> list[VLAFeature]:
+        """ONE backbone forward for a group of one bucket; one VLAFeature per request."""
+        if not group:
+            return []
+        keys = {p.key for p in group}
+        if len(keys) != 1:
+            raise ValueError(f"a group must share one bucket, got {sorted(keys)}")
+        input_ids = torch.stack([p.input_ids for p in group]).to(self.device)
+        mask = torch.stack([p.attention_mask for p in group]).to(self.device)
+        kwargs = self.family.collate([p.pixels for p in group], input_ids, mask.long())
+        kwargs = {k: v.to(self.device) for k, v in kwargs.items()}
+        if "pixel_values" in kwargs:
+            kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
+        hidden = self.model.model(**kwargs).last_hidden_state.float()
+        weights = mask.unsqueeze(-1).float()
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+        return [
+            VLAFeature(hidden[i:i + 1].cpu(), mask[i:i + 1].cpu(), pooled[i:i + 1].cpu(),
+                       p.proprio.unsqueeze(0), torch.tensor([p.task_id]))
+            for i, p in enumerate(group)
+        ]
+
+    # ------------------------------------------------------------ read-only checks
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def weights_digest(self) -> str:
+        """sha256 over every parameter and buffer: equal before and after = nothing changed them."""
+        digest = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    def trainable_parameters(self) -> list[str]:
+        return [n for n, p in self.model.named_parameters() if p.requires_grad]
+
+
+def build_preset(preset: Preset, path: Path) -> None:
+    """Build a preset with seeded random weights and save it as an HF checkpoint."""
+    tokens = SpecialTokens()
+    config = hf_config(preset, tokens)
+    family_cls = family_for(preset.family)
+    torch.manual_seed(preset.seed)
+    model = AutoModelForImageTextToText.from_config(config)
+    tokenizer = build_tokenizer(preset.tokenizer_vocab, tokens)
+    processor = family_cls.default_processor(preset.image_size, preset.vision)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    processor.save_pretrained(tmp)
+    spec = BackboneSpec(family=preset.family, image_size=preset.image_size,
+                        max_cameras=preset.max_cameras, token_buckets=preset.token_buckets,
+                        preset=preset.name, tokens=tokens)
+    (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
+    tmp.rename(path)  # a half-built preset is never picked up
+    log.info("backbone preset built", preset=preset.name, path=str(path),
+             parameters=sum(p.numel() for p in model.parameters()))
