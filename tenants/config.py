@@ -7,6 +7,7 @@ scratch; it travels inside every checkpoint's metadata (``to_dict`` /
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -151,7 +152,8 @@ class TenantConfig:
         return self.suffix.width
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-native (tuples become lists), so a dict read back from a checkpoint compares equal."""
+        return json.loads(json.dumps(asdict(self)))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TenantConfig:
