@@ -1,0 +1,192 @@
+"""The shared backbone: presets, frozen read-only sharing, and grouped == serial."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from backbone.feature import VLAFeature
+from backbone.inputs import InvalidRequest, VLARequest
+from backbone.model import Backbone
+from infra.errors import ConfigError
+
+FAMILIES = ["tiny", "tiny-paligemma", "tiny-llava"]
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.set_num_threads(1)
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def backbones(model_root: Path) -> dict[str, Backbone]:
+    return {name: Backbone.from_preset(name, model_root) for name in FAMILIES}
+
+
+def requests(n: int, seed: int = 0, cameras: int = 1, words: int | None = None) -> list[VLARequest]:
+    rng = np.random.default_rng(seed)
+    vocab = ["pick", "up", "the", "red", "cube", "push", "to", "goal", "blue", "block", "left"]
+    out = []
+    for i in range(n):
+        k = words or int(rng.integers(2, 7))
+        text = " ".join(rng.choice(vocab, k))
+        size = int(rng.choice([48, 56, 64, 96]))
+        images = [rng.integers(0, 255, (size, size + 8, 3), dtype=np.uint8) for _ in range(cameras)]
+        out.append(VLARequest(f"tenant-{i}", images, text, rng.standard_normal(5), task_id=i % 3))
+    return out
+
+
+def test_tiny_presets_are_small_frozen_and_in_eval(backbones: dict[str, Backbone]) -> None:
+    for name, backbone in backbones.items():
+        assert backbone.num_parameters() < 1_000_000, name
+        assert backbone.trainable_parameters() == [], name
+        assert not backbone.model.training, name
+
+
+def test_preset_round_trips_through_save_pretrained(model_root: Path,
+                                                    backbones: dict[str, Backbone]) -> None:
+    again = Backbone.load(model_root / "tiny")  # the saved directory, as any HF checkpoint
+    assert again.weights_digest() == backbones["tiny"].weights_digest()
+    assert again.backbone_id == backbones["tiny"].backbone_id
+    prepared = [again.prepare(r) for r in requests(2, words=4)]
+    for a, b in zip(again.forward(prepared), backbones["tiny"].forward(prepared), strict=True):
+        assert torch.equal(a.sequence, b.sequence)
+
+
+def test_unknown_preset_and_bad_directory_are_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown backbone preset 'huge'"):
+        Backbone.from_preset("huge", tmp_path)
+    with pytest.raises(ConfigError, match="no config.json"):
+        Backbone.load(tmp_path)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_grouped_features_equal_serial_bit_for_bit(backbones: dict[str, Backbone], name: str) -> None:
+    backbone = backbones[name]
+    prepared = [backbone.prepare(r) for r in requests(8, words=4)]
+    assert len({p.key for p in prepared}) == 1  # one bucket
+    grouped = backbone.forward(prepared)
+    for p, g in zip(prepared, grouped, strict=True):
+        (alone,) = backbone.forward([p])
+        for field in ("sequence", "attention_mask", "pooled", "proprio", "task_id"):
+            assert torch.equal(getattr(g, field), getattr(alone, field)), (name, field)
+
+
+def test_padding_is_masked(backbones: dict[str, Backbone]) -> None:
+    """The same request padded to two bucket lengths: real tokens agree within 1e-5."""
+    backbone = backbones["tiny"]
+    request = requests(1, words=3)[0]
+    short = backbone.prepare(request)
+    buckets = backbone.spec.token_buckets
+    object.__setattr__(backbone.spec, "token_buckets", buckets[1:])  # force the next bucket
+    try:
+        long = backbone.prepare(request)
+    finally:
+        object.__setattr__(backbone.spec, "token_buckets", buckets)
+    assert long.key.tokens > short.key.tokens
+    (a,) = backbone.forward([short])
+    (b,) = backbone.forward([long])
+    n = short.key.tokens
+    real = a.attention_mask[0]
+    assert torch.allclose(a.sequence[0, real], b.sequence[0, :n][real], atol=1e-5, rtol=0)
+    assert torch.allclose(a.pooled, b.pooled, atol=1e-5, rtol=0)
+
+
+class Head(nn.Module):
+    """A tenant head on pooled features, with a deterministic, per-tenant init."""
+
+    def __init__(self, hidden: int, proprio: int, out: int, seed: int):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.net = nn.Sequential(nn.Linear(hidden + proprio, 32), nn.GELU(), nn.Linear(32, out))
+        with torch.no_grad():
+            for p in self.net.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+
+    def forward(self, f: VLAFeature) -> torch.Tensor:
+        return self.net(torch.cat([f.pooled, f.proprio], -1))
+
+
+def _train(backbone: Backbone, batches: list[list[VLARequest]], grouped: bool, steps: int = 3):
+    """Each tenant trains its own head with AdamW on its own samples, for `steps` steps."""
+    tenants = sorted({r.tenant for r in batches[0]})
+    heads = {t: Head(backbone.model.config.get_text_config().hidden_size, 5, 7, seed=i)
+             for i, t in enumerate(tenants)}
+    optims = {t: torch.optim.AdamW(heads[t].parameters(), lr=1e-2) for t in tenants}
+    history = []
+    for step in range(steps):
+        batch = batches[step]
+        prepared = [backbone.prepare(r) for r in batch]
+        feats = backbone.forward(prepared) if grouped else [backbone.forward([p])[0] for p in prepared]
+        target = torch.arange(7, dtype=torch.float32) / 7
+        losses, grads = {}, {}
+        for t in tenants:
+            mine = VLAFeature.cat([f for f, r in zip(feats, batch, strict=True) if r.tenant == t])
+            optims[t].zero_grad()
+            loss = (heads[t](mine) - target).abs().mean()
+            loss.backward()
+            optims[t].step()
+            losses[t] = loss.detach().clone()
+            grads[t] = [p.grad.clone() for p in heads[t].parameters()]
+        history.append((losses, grads))
+    params = {t: [p.detach().clone() for p in heads[t].parameters()] for t in tenants}
+    return history, params
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-paligemma"])
+def test_grouped_training_equals_serial_bit_for_bit(backbones: dict[str, Backbone], name: str) -> None:
+    backbone = backbones[name]
+    # 4 tenants x 2 samples per step, 3 steps, every request in one bucket.
+    batches = []
+    for step in range(3):
+        reqs = requests(8, seed=100 + step, words=4)
+        batches.append([VLARequest(f"t{i % 4}", r.images, r.instruction, r.proprio)
+                        for i, r in enumerate(reqs)])
+    grouped_hist, grouped_params = _train(backbone, batches, grouped=True)
+    serial_hist, serial_params = _train(backbone, batches, grouped=False)
+    for (gl, gg), (sl, sg) in zip(grouped_hist, serial_hist, strict=True):
+        for t in gl:
+            assert torch.equal(gl[t], sl[t])
+            assert all(torch.equal(a, b) for a, b in zip(gg[t], sg[t], strict=True))
+    for t in grouped_params:
+        assert all(torch.equal(a, b) for a, b in zip(grouped_params[t], serial_params[t], strict=True))
+
+
+def test_mixed_workload_leaves_the_backbone_unchanged(backbones: dict[str, Backbone]) -> None:
+    backbone = backbones["tiny"]
+    before = backbone.weights_digest()
+    batches = [requests(8, seed=s, words=4) for s in range(3)]
+    _train(backbone, batches, grouped=True)  # heads train on its features, with backward
+    for cams in (1, 2):
+        backbone.forward([backbone.prepare(r) for r in requests(3, seed=9, cameras=cams)])
+    assert backbone.weights_digest() == before
+    assert backbone.trainable_parameters() == []
+
+
+@pytest.mark.parametrize("bad, message", [
+    (VLARequest("t", [np.zeros((8, 8), np.uint8)], "x"), "HxWx3 uint8"),
+    (VLARequest("t", [np.zeros((8, 8, 3), np.float32)], "x"), "HxWx3 uint8"),
+    (VLARequest("t", [], "x"), "non-empty"),
+    (VLARequest("t", [np.zeros((8, 8, 3), np.uint8)] * 4, "x"), "at most 3"),
+    (VLARequest("t", [np.zeros((8, 8, 3), np.uint8)], "cube " * 100), "at most 64"),
+    (VLARequest("t", [np.zeros((8, 8, 3), np.uint8)], "x", np.array([np.nan])), "NaN"),
+])
+def test_invalid_requests_are_refused_clearly(backbones: dict[str, Backbone], bad: VLARequest,
+                                              message: str) -> None:
+    with pytest.raises(InvalidRequest, match=message):
+        backbones["tiny"].prepare(bad)
+
+
+def test_cameras_and_lengths_bucket_apart(backbones: dict[str, Backbone]) -> None:
+    backbone = backbones["tiny"]
+    one = backbone.prepare(requests(1, cameras=1, words=3)[0])
+    two = backbone.prepare(requests(1, cameras=2, words=3)[0])
+    longer = backbone.prepare(requests(1, cameras=1, words=12)[0])
+    assert len({one.key, two.key, longer.key}) == 3
+    with pytest.raises(ValueError, match="share one bucket"):
+        backbone.forward([one, two])

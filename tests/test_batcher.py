@@ -1,0 +1,127 @@
+"""GroupBatcher: flushes on B and on T, never loses or reorders, isolates bad requests.
+A controllable clock decides what "T has passed" means: no timing assertions."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from backbone.batcher import BatcherConfig, GroupBatcher
+from backbone.inputs import InvalidRequest, VLARequest
+from backbone.model import Backbone
+from tests.test_backbone import backbones, model_root, requests  # noqa: F401 - fixtures
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _settle() -> None:
+    for _ in range(50):  # let submit() reach its queue (it prepares in a thread)
+        await asyncio.sleep(0.01)
+
+
+async def test_flushes_when_a_bucket_reaches_b(backbones: dict[str, Backbone]) -> None:
+    clock = FakeClock()  # never advances: only B can trigger a flush
+    config = BatcherConfig(target_batch=4, max_wait_ms=50, max_batch=4)
+    batcher = GroupBatcher(backbones["tiny"], config, clock)
+    async with batcher:
+        feats = await asyncio.gather(*(batcher.submit(r) for r in requests(8, words=4)))
+    assert len(feats) == 8
+    assert [(r.size, r.reason) for r in batcher.records] == [(4, "full"), (4, "full")]
+
+
+async def test_flushes_when_the_oldest_waited_t(backbones: dict[str, Backbone]) -> None:
+    clock = FakeClock()
+    batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=50), clock)
+    async with batcher:
+        tasks = [asyncio.create_task(batcher.submit(r)) for r in requests(3, words=4)]
+        await _settle()
+        assert batcher.records == [] and batcher.pending() == 3  # below B, T not reached
+        clock.now += 0.049
+        batcher.wake()
+        await _settle()
+        assert batcher.records == []
+        clock.now += 0.002
+        batcher.wake()
+        await asyncio.gather(*tasks)
+    assert [(r.size, r.reason) for r in batcher.records] == [(3, "timeout")]
+    assert batcher.records[0].wait_s == pytest.approx(0.051)
+
+
+async def test_never_loses_or_reorders(backbones: dict[str, Backbone]) -> None:
+    """Many tenants, mixed buckets, random arrival: each caller gets exactly the
+    features of its own request computed alone."""
+    backbone = backbones["tiny"]
+    reqs = requests(24, seed=3) + requests(6, seed=4, cameras=2)
+    random.Random(0).shuffle(reqs)
+    batcher = GroupBatcher(backbone, BatcherConfig(target_batch=4, max_wait_ms=5, max_batch=6))
+    async with batcher:
+        feats = await asyncio.gather(*(batcher.submit(r) for r in reqs))
+    for request, feature in zip(reqs, feats, strict=True):
+        (alone,) = backbone.forward([backbone.prepare(request)])
+        assert torch.equal(feature.sequence, alone.sequence)
+        assert torch.equal(feature.proprio, alone.proprio)
+    assert sum(r.size for r in batcher.records) == len(reqs)
+    assert max(r.size for r in batcher.records) <= 6
+    assert all(len(set(r.tenants)) == r.size for r in batcher.records)  # one request per tenant here
+    assert batcher.pending() == 0
+
+
+async def test_a_bad_request_fails_alone(backbones: dict[str, Backbone]) -> None:
+    reqs = requests(4, words=4)
+    bad = VLARequest("mallory", [np.zeros((8, 8), np.uint8)], "pick up the cube")
+    batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=4, max_wait_ms=5))
+    async with batcher:
+        results = await asyncio.gather(*(batcher.submit(r) for r in [*reqs[:2], bad, *reqs[2:]]),
+                                       return_exceptions=True)
+    assert isinstance(results[2], InvalidRequest)
+    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != 2)
+
+
+class FlakyBackbone:
+    """The real backbone, except a forward containing tenant 'poison' raises (a stand-in
+    for a device fault that only one request triggers)."""
+
+    def __init__(self, real: Backbone):
+        self.real = real
+
+    def prepare(self, request):
+        return self.real.prepare(request)
+
+    def forward(self, group):
+        if any(p.tenant == "poison" for p in group):
+            raise RuntimeError("device fault")
+        return self.real.forward(group)
+
+
+async def test_a_forward_failure_is_isolated_to_its_culprit(backbones: dict[str, Backbone]) -> None:
+    reqs = requests(4, words=4)
+    reqs[1] = VLARequest("poison", reqs[1].images, reqs[1].instruction)
+    batcher = GroupBatcher(FlakyBackbone(backbones["tiny"]), BatcherConfig(target_batch=4))
+    async with batcher:
+        results = await asyncio.gather(*(batcher.submit(r) for r in reqs), return_exceptions=True)
+    assert isinstance(results[1], RuntimeError)
+    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != 1)
+    assert batcher.records[0].retried_alone
+
+
+async def test_stop_drains_what_is_queued(backbones: dict[str, Backbone]) -> None:
+    clock = FakeClock()
+    batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=1e6), clock)
+    await batcher.start()
+    tasks = [asyncio.create_task(batcher.submit(r)) for r in requests(3, words=4)]
+    await _settle()
+    await batcher.stop()
+    assert all(t.done() and not t.exception() for t in tasks)
+    assert [r.reason for r in batcher.records] == ["drain"]
+    with pytest.raises(RuntimeError, match="not running"):
+        await batcher.submit(requests(1)[0])
