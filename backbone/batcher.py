@@ -17,6 +17,7 @@ Each group is recorded (size, tenants, wait, busy time) for the utilisation repo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -145,10 +146,8 @@ class GroupBatcher:
                     return
                 self._wake.clear()
                 timeout = self._next_deadline_s()
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
-                except TimeoutError:
-                    pass
                 continue
             key, reason = due
             queue = self._buckets[key]

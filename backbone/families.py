@@ -9,25 +9,16 @@ means the same thing whatever batch it travels in.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import Qwen2VLImageProcessor, SiglipImageProcessor
 
+from backbone.inputs import Pixels, pad_instruction
 from backbone.presets import SpecialTokens
 from infra.errors import ConfigError
 
 __all__ = ["FAMILIES", "Family", "Pixels", "family_for"]
-
-
-@dataclass(frozen=True)
-class Pixels:
-    """One request's images, as the family's vision tower takes them."""
-
-    values: torch.Tensor  # qwen: [patches, patch_dim]; siglip: [cameras, 3, H, W]
-    grid_thw: torch.Tensor | None  # qwen only: [cameras, 3]
-    tokens_per_camera: tuple[int, ...]
 
 
 class Family:
@@ -52,6 +43,15 @@ class Family:
 
     def row(self, pixels: Pixels, instruction_ids: Sequence[int]) -> list[int]:
         return [self.tokens.image] * sum(pixels.tokens_per_camera) + [self.tokens.bos, *instruction_ids]
+
+    def layout(self, pixels: Pixels, ids: list[int], buckets: Sequence[int]) -> tuple[list[int], list[bool]]:
+        """The full row (image tokens, instruction, right padding) and its mask."""
+        padded, mask = pad_instruction(ids, buckets, self.tokens.pad)
+        row = self.row(pixels, padded)
+        return row, [True] * (len(row) - len(padded)) + mask
+
+    def hidden_states(self, model, kwargs: dict) -> torch.Tensor:
+        return model.model(**kwargs).last_hidden_state
 
     def collate(self, pixels: Sequence[Pixels], input_ids: torch.Tensor,
                 attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:

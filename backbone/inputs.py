@@ -25,10 +25,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from backbone.families import Pixels
 from infra.errors import JoynexusError
 
-__all__ = ["BucketKey", "InvalidRequest", "Prepared", "VLARequest", "resize_images"]
+__all__ = ["BucketKey", "InvalidRequest", "Pixels", "Prepared", "VLARequest", "resize_images"]
 
 
 class InvalidRequest(JoynexusError):
@@ -42,6 +41,15 @@ class VLARequest:
     instruction: str
     proprio: np.ndarray | None = None  # float vector, any length
     task_id: int = -1
+
+
+@dataclass(frozen=True)
+class Pixels:
+    """One request's images, as the family's vision tower takes them."""
+
+    values: torch.Tensor  # qwen: [patches, patch_dim]; others: [cameras, 3, H, W]
+    grid_thw: torch.Tensor | None  # qwen only: [cameras, 3]
+    tokens_per_camera: tuple[int, ...]
 
 
 @dataclass(frozen=True, order=True)

@@ -24,15 +24,9 @@ from transformers.utils import logging as hf_logging
 
 from backbone.families import Family, family_for
 from backbone.feature import VLAFeature
-from backbone.inputs import (
-    BucketKey,
-    InvalidRequest,
-    Prepared,
-    VLARequest,
-    pad_instruction,
-    proprio_tensor,
-    resize_images,
-)
+from backbone.inputs import BucketKey, InvalidRequest, Prepared, VLARequest, proprio_tensor, resize_images
+from backbone.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
+from backbone.mini import MiniFamily, MiniVLM
 from backbone.presets import Preset, SpecialTokens, get_preset, hf_config
 from backbone.tokenizer import build_tokenizer
 from infra.errors import ConfigError
@@ -44,6 +38,7 @@ log = get_logger("backbone.model")
 hf_logging.disable_progress_bar()  # shard-loading bars would interleave with JSON logs
 hf_logging.set_verbosity_error()
 SPEC_FILE = "joynexus_backbone.json"
+MINI_PRESET = "mini-pretrained"
 
 
 @dataclass(frozen=True)
@@ -128,11 +123,30 @@ class Backbone:
     @classmethod
     def from_preset(cls, name: str, root: str | Path, device: str = "auto",
                     dtype: str = "auto") -> Backbone:
+        if name == MINI_PRESET:
+            return cls.mini_pretrained(device, dtype)
         preset = get_preset(name)
         path = Path(root) / name
         if not (path / SPEC_FILE).exists():
             build_preset(preset, path)
         return cls.load(path, device, dtype)
+
+    @classmethod
+    def mini_pretrained(cls, device: str = "auto", dtype: str = "auto") -> Backbone:
+        """EfficientNet-Lite0 + MiniLM with their real weights, straight from their packages."""
+        model, tokenizer = MiniVLM.from_packages()
+        dev, dt = resolve_device(device, dtype)
+        model.to(dev, dt)
+        spec = BackboneSpec(family="mini", image_size=MINI_IMAGE_SIZE, preset=MINI_PRESET)
+        digest = hashlib.sha256(model.projection.cpu().numpy().tobytes()).hexdigest()[:16]
+        log.info("backbone loaded", preset=MINI_PRESET, device=str(dev), dtype=str(dt),
+                 parameters=sum(p.numel() for p in model.parameters()))
+        return cls(model, tokenizer, MiniFamily(tokenizer), spec, f"{MINI_PRESET}@{digest}")
+
+    @property
+    def hidden_size(self) -> int:
+        config = self.model.config
+        return (config.get_text_config() if hasattr(config, "get_text_config") else config).hidden_size
 
     # ------------------------------------------------------------ requests
     def prepare(self, request: VLARequest) -> Prepared:
@@ -142,14 +156,11 @@ class Backbone:
         if not isinstance(request.instruction, str):
             raise InvalidRequest("instruction must be a string")
         ids = self.tokenizer(request.instruction, add_special_tokens=False)["input_ids"]
-        padded, mask = pad_instruction(ids, spec.token_buckets, spec.tokens.pad)
         pixels = self.family.pixels(images)
-        row = self.family.row(pixels, padded)
-        prefix = len(row) - len(padded)
+        row, mask = self.family.layout(pixels, ids, spec.token_buckets)
         return Prepared(
             tenant=request.tenant, key=BucketKey(len(images), len(row)), pixels=pixels,
-            input_ids=torch.tensor(row, dtype=torch.long),
-            attention_mask=torch.tensor([True] * prefix + mask),
+            input_ids=torch.tensor(row, dtype=torch.long), attention_mask=torch.tensor(mask),
             proprio=proprio_tensor(request.proprio), task_id=int(request.task_id),
         )
 
@@ -164,10 +175,10 @@ class Backbone:
         input_ids = torch.stack([p.input_ids for p in group]).to(self.device)
         mask = torch.stack([p.attention_mask for p in group]).to(self.device)
         kwargs = self.family.collate([p.pixels for p in group], input_ids, mask.long())
-        kwargs = {k: v.to(self.device) for k, v in kwargs.items()}
+        kwargs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
         if "pixel_values" in kwargs:
             kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
-        hidden = self.model.model(**kwargs).last_hidden_state.float()
+        hidden = self.family.hidden_states(self.model, kwargs).float()
         weights = mask.unsqueeze(-1).float()
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
         return [

@@ -33,8 +33,9 @@ def instruction_corpus() -> list[str]:
     return lines
 
 
-def build_tokenizer(vocab_size: int, tokens: SpecialTokens = SpecialTokens()) -> PreTrainedTokenizerFast:
+def build_tokenizer(vocab_size: int, tokens: SpecialTokens | None = None) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE with at most ``vocab_size`` entries, specials first."""
+    tokens = tokens or SpecialTokens()
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from infra.broker import LocalBroker
 from infra.logging import configure_logging
@@ -46,3 +47,18 @@ def settings(broker: LocalBroker) -> Settings:
 def unique() -> str:
     """A short unique suffix for topic and group names, so tests never share state."""
     return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def model_root(tmp_path_factory: pytest.TempPathFactory):
+    """Backbone presets are built once per test session, here."""
+    torch.set_num_threads(1)
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def backbones(model_root):
+    from backbone.model import Backbone
+
+    return {name: Backbone.from_preset(name, model_root)
+            for name in ("tiny", "tiny-paligemma", "tiny-llava")}

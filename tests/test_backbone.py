@@ -13,32 +13,9 @@ from backbone.feature import VLAFeature
 from backbone.inputs import InvalidRequest, VLARequest
 from backbone.model import Backbone
 from infra.errors import ConfigError
+from tests.vla import requests
 
 FAMILIES = ["tiny", "tiny-paligemma", "tiny-llava"]
-
-
-@pytest.fixture(scope="session")
-def model_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.set_num_threads(1)
-    return tmp_path_factory.mktemp("models")
-
-
-@pytest.fixture(scope="session")
-def backbones(model_root: Path) -> dict[str, Backbone]:
-    return {name: Backbone.from_preset(name, model_root) for name in FAMILIES}
-
-
-def requests(n: int, seed: int = 0, cameras: int = 1, words: int | None = None) -> list[VLARequest]:
-    rng = np.random.default_rng(seed)
-    vocab = ["pick", "up", "the", "red", "cube", "push", "to", "goal", "blue", "block", "left"]
-    out = []
-    for i in range(n):
-        k = words or int(rng.integers(2, 7))
-        text = " ".join(rng.choice(vocab, k))
-        size = int(rng.choice([48, 56, 64, 96]))
-        images = [rng.integers(0, 255, (size, size + 8, 3), dtype=np.uint8) for _ in range(cameras)]
-        out.append(VLARequest(f"tenant-{i}", images, text, rng.standard_normal(5), task_id=i % 3))
-    return out
 
 
 def test_tiny_presets_are_small_frozen_and_in_eval(backbones: dict[str, Backbone]) -> None:
@@ -115,7 +92,7 @@ class Head(nn.Module):
 def _train(backbone: Backbone, batches: list[list[VLARequest]], grouped: bool, steps: int = 3):
     """Each tenant trains its own head with AdamW on its own samples, for `steps` steps."""
     tenants = sorted({r.tenant for r in batches[0]})
-    heads = {t: Head(backbone.model.config.get_text_config().hidden_size, 5, 7, seed=i)
+    heads = {t: Head(backbone.hidden_size, 5, 7, seed=i)
              for i, t in enumerate(tenants)}
     optims = {t: torch.optim.AdamW(heads[t].parameters(), lr=1e-2) for t in tenants}
     history = []
@@ -190,3 +167,21 @@ def test_cameras_and_lengths_bucket_apart(backbones: dict[str, Backbone]) -> Non
     assert len({one.key, two.key, longer.key}) == 3
     with pytest.raises(ValueError, match="share one bucket"):
         backbone.forward([one, two])
+
+
+def test_mini_pretrained_has_real_weights_and_groups_exactly(model_root: Path) -> None:
+    backbone = Backbone.from_preset("mini-pretrained", model_root)
+    assert 25e6 < backbone.num_parameters() < 30e6  # EfficientNet-Lite0 4.7M + MiniLM-L6 22.7M
+    assert backbone.trainable_parameters() == [] and not backbone.model.training
+    rng = np.random.default_rng(0)
+    image = [rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)]
+    texts = ["pick up the red cube", "pick up the blue cube", "open the drawer slowly"]
+    prepared = [backbone.prepare(VLARequest(f"t{i}", image, text)) for i, text in enumerate(texts)]
+    assert len({p.key for p in prepared}) == 1
+    grouped = backbone.forward(prepared)
+    for p, g in zip(prepared, grouped, strict=True):
+        assert torch.equal(g.sequence, backbone.forward([p])[0].sequence)
+    # Real language weights: paraphrases sit closer than unrelated instructions.
+    text_part = [g.sequence[0, 49:][g.attention_mask[0, 49:]].mean(0) for g in grouped]
+    cos = torch.nn.functional.cosine_similarity
+    assert cos(text_part[0], text_part[1], dim=0) > cos(text_part[0], text_part[2], dim=0)

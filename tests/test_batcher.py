@@ -13,7 +13,7 @@ import torch
 from backbone.batcher import BatcherConfig, GroupBatcher
 from backbone.inputs import InvalidRequest, VLARequest
 from backbone.model import Backbone
-from tests.test_backbone import backbones, model_root, requests  # noqa: F401 - fixtures
+from tests.vla import requests
 
 
 class FakeClock:
