@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tenants.config import SuffixConfig
 
@@ -51,7 +52,10 @@ class SuffixBlock(nn.Module):
         x = self.in_proj(sequence)
         h = self.norm1(x)
         q, k, v = self._heads(self.q_proj(h)), self._heads(self.k_proj(h)), self._heads(self.v_proj(h))
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None, None, :])
+        # The math kernel: deterministic on every device, where the fused CUDA kernels' backward is not
+        # (or is refused under torch.use_deterministic_algorithms); one small block does not need them.
+        with sdpa_kernel(SDPBackend.MATH):
+            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None, None, :])
         x = x + self.o_proj(attn.transpose(1, 2).reshape(x.shape))
         x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
         keep = attention_mask.unsqueeze(-1).to(x.dtype)

@@ -226,3 +226,23 @@ def test_loading_a_checkpoint_brings_a_failed_slot_back(tmp_path: Path) -> None:
     slot.load_state(store.load("acme").state)
     assert not slot.failed and slot.step == 2
     train(slot, gen, 1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_slot_trained_on_cuda_restores_and_continues_exactly(tmp_path: Path) -> None:
+    config = tenant_config("gpu", kind="gaussian_actor_critic", lora_rank=4)
+    straight = TenantSlot(config).mount("cuda")
+    straight_metrics = train(straight, torch.Generator().manual_seed(0), 4)
+    slot = TenantSlot(config).mount("cuda")
+    gen = torch.Generator().manual_seed(0)
+    metrics = train(slot, gen, 2)
+    assert all(p.device.type == "cuda" for p in slot.policy.parameters())
+    assert all(v.device.type == "cuda" for s in slot.optimizer.state.values() for k, v in s.items()
+               if k != "step")
+    store = PolicyStore(tmp_path)
+    store.save(slot, source_offsets={})
+    resumed = store.restore("gpu").mount("cuda")
+    metrics += train(resumed, gen, 2)
+    assert metrics == straight_metrics
+    for a, b in zip(resumed.policy.parameters(), straight.policy.parameters(), strict=True):
+        assert torch.equal(a, b)
