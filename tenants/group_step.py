@@ -61,5 +61,6 @@ def group_train_step(slots: Mapping[str, TenantSlot],
         else:
             results[tenant] = StepResult(tenant, slot.step, metrics)
             continue
-        log.warning("tenant_step_failed", tenant=tenant, reason=results[tenant].error)
+        if not results[tenant].slot_failed:  # a failing slot has logged its reason itself
+            log.warning("tenant_step_refused", tenant=tenant, reason=results[tenant].error)
     return results

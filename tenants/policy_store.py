@@ -33,7 +33,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from infra.errors import ConfigError
+from infra.errors import ConfigError, InvalidTenantId
 from infra.logging import get_logger
 from tenants.config import TenantConfig, validate_tenant_id
 from tenants.errors import CheckpointCorrupt, CheckpointError, CheckpointNotFound
@@ -166,7 +166,13 @@ class PolicyStore:
     def tenants(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self.versions(p.name))
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self._holds_versions(p.name))
+
+    def _holds_versions(self, name: str) -> bool:
+        try:
+            return bool(self.versions(name))
+        except InvalidTenantId:  # another folder (lost+found, a backup) is not a tenant
+            return False
 
     def versions(self, tenant: str) -> list[int]:
         folder = self._tenant_dir(tenant)
@@ -240,7 +246,8 @@ class PolicyStore:
         existing = self.load(meta.tenant_id, meta.version)
         if existing.meta.files != meta.files or existing.meta.step != meta.step:
             raise CheckpointError(f"{final}: version {meta.version} of tenant {meta.tenant_id} already "
-                                  "exists with different content")
+                                  f"exists with different content (this slot was trained from version "
+                                  f"{meta.version - 1}; restore the latest version to continue it)")
         return existing
 
     def load(self, tenant: str, version: int | None = None, *,

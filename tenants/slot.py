@@ -78,6 +78,12 @@ def _feature_to(feature: VLAFeature, device: torch.device) -> VLAFeature:
 
 
 class TenantSlot:
+    """One tenant's trainable state. Created unmounted; ``mount(device)`` before stepping.
+
+    Not thread-safe: a process steps its slots one at a time (they never share state, so the order
+    does not matter).
+    """
+
     def __init__(self, config: TenantConfig):
         self.config = config
         self.generator = torch.Generator().manual_seed(config.seed)

@@ -80,6 +80,7 @@ def test_metadata_versions_and_listing(tmp_path: Path) -> None:
     assert (second.meta.version, second.meta.parent_version, second.meta.step) == (2, 1, 3)
     assert slot.version == 2
     assert store.versions("acme") == [1, 2] and store.latest_version("acme") == 2
+    (tmp_path / "lost+found").mkdir()
     assert store.tenants() == ["acme"] and store.versions("nobody") == []
     assert [m.version for m in store.list("acme")] == [1, 2]
 
