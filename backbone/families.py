@@ -110,8 +110,39 @@ class Qwen2VL(Family):
                     mm_token_type_ids=(input_ids == self.tokens.image).long())
 
 
+class Idefics3(Family):
+    """SmolVLM / Idefics3: SigLIP tiles, pixel shuffle (scale factor s), image tokens = patches / s^2.
+
+    Image splitting is off: each camera is one tile at the backbone's resolution."""
+
+    name = "idefics3"
+
+    def __init__(self, image_processor, tokens, patch_size, scale_factor: int = 2):
+        super().__init__(image_processor, tokens, patch_size)
+        self.scale_factor = scale_factor
+
+    @classmethod
+    def default_processor(cls, image_size: int, vision: dict):
+        return SiglipImageProcessor(size={"height": image_size, "width": image_size}, do_resize=False,
+                                    image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
+    def pixels(self, images):
+        pixels = super().pixels(images)
+        per_camera = pixels.tokens_per_camera[0] // self.scale_factor ** 2
+        return Pixels(pixels.values, None, (per_camera,) * len(images))
+
+    def row(self, pixels, instruction_ids):
+        return [self.tokens.image] * sum(pixels.tokens_per_camera) + [self.tokens.bos, *instruction_ids]
+
+    def collate(self, pixels, input_ids, attention_mask):
+        values = torch.stack([p.values for p in pixels])  # [B, cameras, 3, H, W]
+        return dict(input_ids=input_ids, attention_mask=attention_mask, pixel_values=values,
+                    pixel_attention_mask=torch.ones(values.shape[:2] + values.shape[-2:], dtype=torch.bool))
+
+
 FAMILIES: dict[str, type[Family]] = {
-    "qwen2_vl": Qwen2VL, "qwen2_5_vl": Qwen2VL, "paligemma": PaliGemma, "llava": Llava,
+    "qwen2_vl": Qwen2VL, "qwen2_5_vl": Qwen2VL, "qwen3_vl": Qwen2VL,
+    "paligemma": PaliGemma, "llava": Llava, "idefics3": Idefics3, "smolvlm": Idefics3,
 }
 
 

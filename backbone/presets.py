@@ -9,6 +9,7 @@ real checkpoints take the same code path. Sizes (parameters, measured with
 * ``tiny``            Qwen2-VL, ~0.2M: unit tests
 * ``tiny-paligemma``  PaliGemma (SigLIP + Gemma), ~0.13M: the second family in tests
 * ``tiny-llava``      LLaVA-style (SigLIP + Qwen2), ~0.2M
+* ``tiny-qwen25vl``, ``tiny-qwen3vl``, ``tiny-smolvlm``  the other supported families, tiny
 * ``small``           Qwen2-VL, ~40M: the CPU demo
 * ``gpu-1b``, ``gpu-2b``, ``gpu-4b``  shaped like StarVLA's Qwen-VL backbones
   (``gpu-2b`` is Qwen2-VL-2B's config, ``gpu-4b`` Qwen2.5-VL-3B's, 3.76B);
@@ -20,7 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import LlavaConfig, PaliGemmaConfig, PretrainedConfig, Qwen2_5_VLConfig, Qwen2VLConfig
+from transformers import (
+    Idefics3Config,
+    LlavaConfig,
+    PaliGemmaConfig,
+    PretrainedConfig,
+    Qwen2_5_VLConfig,
+    Qwen2VLConfig,
+    Qwen3VLConfig,
+)
 
 from infra.errors import ConfigError
 
@@ -93,6 +102,27 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2),
            _siglip(32, 1, 2, 64, 56), doc="LLaVA-style SigLIP + Qwen2, < 1M parameters"),
+    Preset("tiny-qwen25vl", "qwen2_5_vl", 56, 512, 512,
+           _qwen_text(64, 2, 4, 2, 128, 512),
+           dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                fullatt_block_indexes=[1]),
+           doc="Qwen2.5-VL (windowed vision attention), < 1M parameters"),
+    Preset("tiny-qwen3vl", "qwen3_vl", 64, 512, 512,
+           {**_qwen_text(64, 2, 4, 2, 128, 512), "head_dim": 16,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 5_000_000.0,
+                                "mrope_section": [2, 3, 3], "mrope_interleaved": True}},
+           dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                patch_size=16, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=16,
+                deepstack_visual_indexes=[1]),
+           doc="Qwen3-VL (DeepStack), < 1M parameters; image size a multiple of 32"),
+    Preset("tiny-smolvlm", "idefics3", 64, 512, 512,
+           dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                max_position_embeddings=4096, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+           dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                image_size=64, patch_size=16),
+           doc="SmolVLM / Idefics3 (SigLIP + pixel shuffle + Llama), < 1M parameters"),
     Preset("small", "qwen2_vl", 112, 8192, 4096,
            _qwen_text(512, 8, 8, 2, 1536, 8192),
            dict(depth=4, embed_dim=256, hidden_size=512, num_heads=4, mlp_ratio=4, patch_size=14,
@@ -127,8 +157,9 @@ def get_preset(name: str) -> Preset:
 
 def hf_config(preset: Preset, tokens: SpecialTokens = SpecialTokens()) -> PretrainedConfig:
     """The transformers config of a preset (random weights are built from it)."""
-    if preset.family in ("qwen2_vl", "qwen2_5_vl"):
-        cls = Qwen2VLConfig if preset.family == "qwen2_vl" else Qwen2_5_VLConfig
+    if preset.family in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        cls = {"qwen2_vl": Qwen2VLConfig, "qwen2_5_vl": Qwen2_5_VLConfig,
+               "qwen3_vl": Qwen3VLConfig}[preset.family]
         return cls(text_config=preset.text, vision_config=preset.vision, image_token_id=tokens.image,
                    video_token_id=tokens.image, vision_start_token_id=tokens.vision_start,
                    vision_end_token_id=tokens.vision_end)
@@ -142,4 +173,7 @@ def hf_config(preset: Preset, tokens: SpecialTokens = SpecialTokens()) -> Pretra
         return LlavaConfig(text_config=preset.text, vision_config=preset.vision,
                            image_token_index=tokens.image, image_seq_length=patches,
                            vision_feature_select_strategy="full", vision_feature_layer=-1)
+    if preset.family == "idefics3":
+        return Idefics3Config(text_config=preset.text, vision_config=preset.vision,
+                              image_token_id=tokens.image, scale_factor=2)
     raise ConfigError(f"preset {preset.name}: unknown family {preset.family!r}")

@@ -61,4 +61,5 @@ def backbones(model_root):
     from backbone.model import Backbone
 
     return {name: Backbone.from_preset(name, model_root)
-            for name in ("tiny", "tiny-paligemma", "tiny-llava")}
+            for name in ("tiny", "tiny-paligemma", "tiny-llava", "tiny-qwen25vl", "tiny-qwen3vl",
+                         "tiny-smolvlm")}

@@ -15,7 +15,7 @@ from backbone.model import Backbone
 from infra.errors import ConfigError
 from tests.vla import requests
 
-FAMILIES = ["tiny", "tiny-paligemma", "tiny-llava"]
+FAMILIES = ["tiny", "tiny-paligemma", "tiny-llava", "tiny-qwen25vl", "tiny-qwen3vl", "tiny-smolvlm"]
 
 
 def test_tiny_presets_are_small_frozen_and_in_eval(backbones: dict[str, Backbone]) -> None:
@@ -42,10 +42,12 @@ def test_unknown_preset_and_bad_directory_are_clear_errors(tmp_path: Path) -> No
         Backbone.load(tmp_path)
 
 
+@pytest.mark.parametrize("cameras", [1, 2])
 @pytest.mark.parametrize("name", FAMILIES)
-def test_grouped_features_equal_serial_bit_for_bit(backbones: dict[str, Backbone], name: str) -> None:
+def test_grouped_features_equal_serial_bit_for_bit(backbones: dict[str, Backbone], name: str,
+                                                   cameras: int) -> None:
     backbone = backbones[name]
-    prepared = [backbone.prepare(r) for r in requests(8, words=4)]
+    prepared = [backbone.prepare(r) for r in requests(8, words=4, cameras=cameras)]
     assert len({p.key for p in prepared}) == 1  # one bucket
     grouped = backbone.forward(prepared)
     for p, g in zip(prepared, grouped, strict=True):
