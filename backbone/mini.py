@@ -66,6 +66,18 @@ class MiniVLM(nn.Module):
         q, _ = torch.linalg.qr(torch.randn(1280, text.config.hidden_size, generator=gen))
         return cls(vision, text, q.contiguous()), tokenizer
 
+    @staticmethod
+    def count_parameters() -> int:
+        """Parameters of both towers, counted on the meta device (weights not read)."""
+        from transformers import AutoConfig, BertModel
+
+        efficientnet, _, text_dir = _packages()
+        with torch.device("meta"):
+            vision = efficientnet.from_name("efficientnet-lite0")
+            text = BertModel(AutoConfig.from_pretrained(text_dir, local_files_only=True),
+                             add_pooling_layer=False)
+        return sum(p.numel() for m in (vision, text) for p in m.parameters())
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 pixel_values: torch.Tensor, cameras: int) -> torch.Tensor:
         b = input_ids.shape[0]

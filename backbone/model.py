@@ -32,7 +32,8 @@ from backbone.tokenizer import build_tokenizer
 from infra.errors import ConfigError
 from infra.logging import get_logger
 
-__all__ = ["Backbone", "BackboneSpec", "resolve_device"]
+__all__ = ["Backbone", "BackboneSpec", "build_preset", "preset_parameters", "resolve_device",
+           "set_torch_threads"]
 
 log = get_logger("backbone.model")
 hf_logging.disable_progress_bar()  # shard-loading bars would interleave with JSON logs
@@ -204,6 +205,22 @@ class Backbone:
 
     def trainable_parameters(self) -> list[str]:
         return [n for n, p in self.model.named_parameters() if p.requires_grad]
+
+
+def preset_parameters(name: str) -> int:
+    """Parameters of a preset, counted on the meta device (no memory, any size)."""
+    if name == MINI_PRESET:
+        return MiniVLM.count_parameters()
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(hf_config(get_preset(name)))
+    return sum(p.numel() for p in model.parameters())
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """Pin torch's CPU threads. Several roles share few cores: oversubscribed OpenMP
+    threads busy-wait and were measured to slow a step 50x (FINDINGS)."""
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def build_preset(preset: Preset, path: Path) -> None:

@@ -12,7 +12,7 @@ real checkpoints take the same code path. Sizes (parameters, measured with
 * ``tiny-qwen25vl``, ``tiny-qwen3vl``, ``tiny-smolvlm``  the other supported families, tiny
 * ``small``           Qwen2-VL, ~40M: the CPU demo
 * ``gpu-1b``, ``gpu-2b``, ``gpu-4b``  shaped like StarVLA's Qwen-VL backbones
-  (``gpu-2b`` is Qwen2-VL-2B's config, ``gpu-4b`` Qwen2.5-VL-3B's, 3.76B);
+  (``gpu-2b`` is Qwen2-VL-2B's config, 2.21B; ``gpu-4b`` Qwen2.5-VL-3B's, 3.75B);
   built on the meta device for sizing anywhere, materialised only on a GPU.
 """
 
@@ -64,6 +64,7 @@ class Preset:
     seed: int = 0
     max_cameras: int = 3
     token_buckets: tuple[int, ...] = (8, 16, 32, 64)
+    tie_embeddings: bool = False  # the real 1-4B Qwen-VL models tie lm_head to the embeddings
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -132,18 +133,18 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            _qwen_text(1024, 24, 16, 2, 5504, 151936),
            dict(depth=24, embed_dim=1024, hidden_size=1024, num_heads=16, mlp_ratio=4, patch_size=14,
                 spatial_merge_size=2, temporal_patch_size=2),
-           doc="Qwen2-VL family scaled to ~1B"),
+           tie_embeddings=True, doc="Qwen2-VL family scaled to ~1B"),
     Preset("gpu-2b", "qwen2_vl", 224, 151936, 8192,
            _qwen_text(1536, 28, 12, 2, 8960, 151936),
            dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
                 spatial_merge_size=2, temporal_patch_size=2),
-           doc="Qwen2-VL-2B's configuration (2.2B)"),
+           tie_embeddings=True, doc="Qwen2-VL-2B's configuration (2.2B)"),
     Preset("gpu-4b", "qwen2_5_vl", 224, 151936, 8192,
            _qwen_text(2048, 36, 16, 2, 11008, 151936),
            dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
                 patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
                 fullatt_block_indexes=[7, 15, 23, 31]),
-           doc="Qwen2.5-VL-3B's configuration (3.76B), the 4B class"),
+           tie_embeddings=True, doc="Qwen2.5-VL-3B's configuration (3.75B), the 4B class"),
 ]}
 
 
@@ -162,7 +163,7 @@ def hf_config(preset: Preset, tokens: SpecialTokens = SpecialTokens()) -> Pretra
                "qwen3_vl": Qwen3VLConfig}[preset.family]
         return cls(text_config=preset.text, vision_config=preset.vision, image_token_id=tokens.image,
                    video_token_id=tokens.image, vision_start_token_id=tokens.vision_start,
-                   vision_end_token_id=tokens.vision_end)
+                   vision_end_token_id=tokens.vision_end, tie_word_embeddings=preset.tie_embeddings)
     if preset.family == "paligemma":
         config = PaliGemmaConfig(text_config=preset.text, vision_config=preset.vision,
                                  image_token_id=tokens.image, projection_dim=preset.text["hidden_size"])

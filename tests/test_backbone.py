@@ -187,3 +187,13 @@ def test_mini_pretrained_has_real_weights_and_groups_exactly(model_root: Path) -
     text_part = [g.sequence[0, 49:][g.attention_mask[0, 49:]].mean(0) for g in grouped]
     cos = torch.nn.functional.cosine_similarity
     assert cos(text_part[0], text_part[1], dim=0) > cos(text_part[0], text_part[2], dim=0)
+
+
+def test_preset_sizes_match_their_classes() -> None:
+    from backbone.model import preset_parameters
+
+    sizes = {name: preset_parameters(name) for name in ("small", "gpu-1b", "gpu-2b", "gpu-4b")}
+    assert 20e6 <= sizes["small"] <= 100e6
+    assert 0.8e9 <= sizes["gpu-1b"] <= 1.2e9
+    assert sizes["gpu-2b"] == pytest.approx(2.21e9, rel=0.01)  # Qwen2-VL-2B
+    assert sizes["gpu-4b"] == pytest.approx(3.75e9, rel=0.01)  # Qwen2.5-VL-3B
