@@ -12,7 +12,19 @@ caller can catch the whole family or one branch::
     │   └── EncodeError        an event that does not fit its schema
     ├── BrokerError            the local Kafka broker could not be set up, started or stopped
     ├── TopicError             topic provisioning conflicts (e.g. wrong partition count)
-    └── ProcessingError        a record failed its handler after all attempts
+    ├── ProcessingError        a record failed its handler after all attempts
+    ├── InvalidRequest         (backbone.inputs) a request the backbone cannot take; fails alone
+    └── TenantError            (tenants.errors) a tenant's modules, slot or checkpoints
+        ├── InvalidBatch           features/targets that do not fit the slot; nothing changed
+        ├── NonFiniteLoss          NaN/Inf loss or gradient norm; update skipped, slot failed
+        ├── SlotFailed             a step asked of a slot already marked failed
+        ├── SlotNotMounted         a step asked of a slot not mounted on a device
+        └── CheckpointError        the policy store could not write or read a checkpoint
+            ├── CheckpointNotFound     no such tenant or version
+            └── CheckpointCorrupt      checksum mismatch, truncated or unparseable (names the file)
+
+The compute-side errors live beside their code (no Kafka imports there) and
+derive from ``JoynexusError`` like the rest.
 """
 
 from __future__ import annotations

@@ -4,15 +4,12 @@ Tenant-private streams are ``<prefix>.t.<tenant>.<stream>`` and shared ones
 ``<prefix>.<stream>`` (prefix ``nexus``). One topic per tenant and stream lets
 Kafka's prefixed ACLs, quotas, retention, replay and deletion work per tenant.
 
-Tenant ids are lowercase letters, digits and inner hyphens, 1-48 characters
-(a DNS label, shorter): no ``.`` (it separates topic-name parts and ACL
-prefixes) and no ``_`` (Kafka's metric names confuse ``.`` and ``_``).
+Tenant ids follow ``infra.tenant_id`` (1-48 lowercase letters, digits, inner hyphens).
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -20,9 +17,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
 
-from infra.errors import InvalidTenantId, TopicError
+from infra.errors import TopicError
 from infra.logging import get_logger
 from infra.settings import Settings
+from infra.tenant_id import validate_tenant_id
 
 __all__ = [
     "SHARED_STREAMS",
@@ -36,7 +34,6 @@ __all__ = [
 
 log = get_logger("infra.topics")
 
-_TENANT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?$")
 _TOPIC_ALREADY_EXISTS = 36
 _UNKNOWN_TOPIC = 3
 
@@ -87,15 +84,6 @@ SHARED_STREAMS: tuple[TopicSpec, ...] = (
     TopicSpec("usage", None, doc="UsageRecorded: device-seconds per tenant"),
     TopicSpec("tenants", 1, _COMPACT, "Tenant registry, keyed by tenant id"),
 )
-
-
-def validate_tenant_id(tenant: str) -> str:
-    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
-        raise InvalidTenantId(
-            f"invalid tenant id {tenant!r}: use 1-48 lowercase letters, digits or inner "
-            "hyphens (no '.', '_', spaces or upper case; must start and end alphanumeric)"
-        )
-    return tenant
 
 
 def tenant_topic(settings: Settings, tenant: str, stream: str) -> str:

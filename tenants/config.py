@@ -8,11 +8,11 @@ scratch; it travels inside every checkpoint's metadata (``to_dict`` /
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from infra.errors import ConfigError, InvalidTenantId
+from infra.errors import ConfigError
+from infra.tenant_id import validate_tenant_id
 
 __all__ = [
     "HEAD_KINDS",
@@ -26,18 +26,7 @@ __all__ = [
 
 HEAD_KINDS = ("chunk_regression", "gaussian_actor_critic")
 
-# The same rule as infra.topics (not imported: it pulls in aiokafka, and tenants/ stays Kafka-free).
-# Tenant ids also name policy-store folders, so the rule keeps them safe as paths.
-_TENANT_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,46}[a-z0-9])?$")
-
-
-def validate_tenant_id(tenant: str) -> str:
-    if not isinstance(tenant, str) or not _TENANT_RE.match(tenant):
-        raise InvalidTenantId(
-            f"invalid tenant id {tenant!r}: use 1-48 lowercase letters, digits or inner "
-            "hyphens (no '.', '_', spaces or upper case; must start and end alphanumeric)"
-        )
-    return tenant
+# Tenant ids (infra.tenant_id) also name policy-store folders; the rule keeps them safe as paths.
 
 
 def _positive(owner: str, **values: float) -> None:
