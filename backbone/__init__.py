@@ -1,21 +1,25 @@
-"""The shared, frozen vision-language backbone, VLAFeature and the group batcher (pure compute, no Kafka)."""
+"""The shared, frozen vision-language backbone, VLAFeature and the group batcher (pure compute, no Kafka).
 
-from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
-from backbone.feature import VLAFeature
-from backbone.inputs import BucketKey, InvalidRequest, VLARequest
-from backbone.model import Backbone, BackboneSpec
-from backbone.presets import PRESETS, Preset
+Names are imported lazily: ``import backbone.feature`` (what tenant code needs)
+must not pay for importing transformers.
+"""
 
-__all__ = [
-    "PRESETS",
-    "Backbone",
-    "BackboneSpec",
-    "BatcherConfig",
-    "BucketKey",
-    "GroupBatcher",
-    "GroupRecord",
-    "InvalidRequest",
-    "Preset",
-    "VLAFeature",
-    "VLARequest",
-]
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "PRESETS": "backbone.presets", "Preset": "backbone.presets",
+    "Backbone": "backbone.model", "BackboneSpec": "backbone.model",
+    "BatcherConfig": "backbone.batcher", "GroupBatcher": "backbone.batcher",
+    "GroupRecord": "backbone.batcher",
+    "BucketKey": "backbone.inputs", "InvalidRequest": "backbone.inputs", "VLARequest": "backbone.inputs",
+    "VLAFeature": "backbone.feature",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'backbone' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)
