@@ -71,17 +71,34 @@ def _fingerprint(path: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def _read_spec(path: Path, config) -> BackboneSpec:
+def _read_spec(path: Path, config, tokenizer) -> BackboneSpec:
     spec_file = path / SPEC_FILE
     if spec_file.exists():
         raw = json.loads(spec_file.read_text())
         raw["token_buckets"] = tuple(raw["token_buckets"])
         raw["tokens"] = SpecialTokens(**raw["tokens"])
         return BackboneSpec(**raw)
-    # A foreign checkpoint: take the vision tower's native resolution.
+    # A foreign checkpoint: its own special-token ids (text ones from the tokenizer, which
+    # owns them; multimodal ones from the config), its vision tower's native resolution.
+    def token(*names: str, default: int) -> int:
+        for source in (tokenizer, config):
+            for name in names:
+                value = getattr(source, name, None)
+                if isinstance(value, int):
+                    return value
+        return default
+
+    defaults = SpecialTokens()
+    tokens = SpecialTokens(
+        pad=token("pad_token_id", default=defaults.pad), bos=token("bos_token_id", default=defaults.bos),
+        eos=token("eos_token_id", default=defaults.eos),
+        image=token("image_token_id", "image_token_index", default=defaults.image),
+        vision_start=token("vision_start_token_id", default=defaults.vision_start),
+        vision_end=token("vision_end_token_id", default=defaults.vision_end),
+    )
     vision = getattr(config, "vision_config", None)
     size = getattr(vision, "image_size", None) or 224
-    return BackboneSpec(family=config.model_type, image_size=int(size))
+    return BackboneSpec(family=config.model_type, image_size=int(size), tokens=tokens)
 
 
 class Backbone:
@@ -106,12 +123,12 @@ class Backbone:
         if not (path / "config.json").exists():
             raise ConfigError(f"{path} is not a Hugging Face checkpoint directory (no config.json)")
         config = AutoConfig.from_pretrained(path, local_files_only=True)
-        spec = _read_spec(path, config)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        spec = _read_spec(path, config, tokenizer)
         family_cls = family_for(spec.family)
         dev, dt = resolve_device(device, dtype)
         model = AutoModelForImageTextToText.from_pretrained(path, local_files_only=True, dtype=dt)
         model.to(dev)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
         patch = getattr(config.vision_config, "patch_size", 14)
         family = family_cls(processor, spec.tokens, patch)
@@ -127,7 +144,7 @@ class Backbone:
         if name == MINI_PRESET:
             return cls.mini_pretrained(device, dtype)
         preset = get_preset(name)
-        path = Path(root) / name
+        path = preset_dir(root, preset)
         if not (path / SPEC_FILE).exists():
             build_preset(preset, path)
         return cls.load(path, device, dtype)
@@ -205,6 +222,13 @@ class Backbone:
 
     def trainable_parameters(self) -> list[str]:
         return [n for n, p in self.model.named_parameters() if p.requires_grad]
+
+
+def preset_dir(root: str | Path, preset: Preset) -> Path:
+    """Where a preset is built: the name plus a digest of its definition, so a changed
+    preset (or a different tokens layout) is built afresh instead of loading a stale one."""
+    definition = json.dumps([asdict(preset), asdict(SpecialTokens())], sort_keys=True, default=str)
+    return Path(root) / f"{preset.name}-{hashlib.sha256(definition.encode()).hexdigest()[:10]}"
 
 
 def preset_parameters(name: str) -> int:

@@ -176,5 +176,5 @@ def hf_config(preset: Preset, tokens: SpecialTokens = SpecialTokens()) -> Pretra
                            vision_feature_select_strategy="full", vision_feature_layer=-1)
     if preset.family == "idefics3":
         return Idefics3Config(text_config=preset.text, vision_config=preset.vision,
-                              image_token_id=tokens.image, scale_factor=2)
+                              image_token_id=tokens.image, scale_factor=2, pad_token_id=tokens.pad)
     raise ConfigError(f"preset {preset.name}: unknown family {preset.family!r}")

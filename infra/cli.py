@@ -260,7 +260,8 @@ def backbone_build(
     preset: Annotated[str, typer.Argument(help="Preset name (see `joynexus backbone presets`).")],
 ) -> None:
     """Build a preset once (seeded random weights) into JOYNEXUS_HOME/models and load it back."""
-    from backbone.model import Backbone, set_torch_threads
+    from backbone.model import Backbone, preset_dir, set_torch_threads
+    from backbone.presets import PRESETS
 
     settings = _settings()
     set_torch_threads(settings.torch_threads)
@@ -268,9 +269,9 @@ def backbone_build(
         backbone = Backbone.from_preset(preset, settings.model_dir, settings.device, settings.dtype)
     except JoynexusError as exc:
         _fail(exc)
+    where = preset_dir(settings.model_dir, PRESETS[preset]) if preset in PRESETS else "its PyPI packages"
     console.print(f"{backbone.backbone_id}: {backbone.num_parameters():,} parameters, "
-                  f"{backbone.spec.family}, {backbone.device}/{backbone.dtype}, "
-                  f"in {settings.model_dir / preset}")
+                  f"{backbone.spec.family}, {backbone.device}/{backbone.dtype}, from {where}")
 
 
 # --------------------------------------------------------------------- schemas

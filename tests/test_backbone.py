@@ -27,7 +27,10 @@ def test_tiny_presets_are_small_frozen_and_in_eval(backbones: dict[str, Backbone
 
 def test_preset_round_trips_through_save_pretrained(model_root: Path,
                                                     backbones: dict[str, Backbone]) -> None:
-    again = Backbone.load(model_root / "tiny")  # the saved directory, as any HF checkpoint
+    from backbone.model import preset_dir
+    from backbone.presets import get_preset
+
+    again = Backbone.load(preset_dir(model_root, get_preset("tiny")))  # as any HF checkpoint
     assert again.weights_digest() == backbones["tiny"].weights_digest()
     assert again.backbone_id == backbones["tiny"].backbone_id
     prepared = [again.prepare(r) for r in requests(2, words=4)]
@@ -197,3 +200,27 @@ def test_preset_sizes_match_their_classes() -> None:
     assert 0.8e9 <= sizes["gpu-1b"] <= 1.2e9
     assert sizes["gpu-2b"] == pytest.approx(2.21e9, rel=0.01)  # Qwen2-VL-2B
     assert sizes["gpu-4b"] == pytest.approx(3.75e9, rel=0.01)  # Qwen2.5-VL-3B
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-paligemma", "tiny-smolvlm"])
+def test_a_foreign_checkpoint_without_our_spec_loads(model_root: Path, backbones: dict[str, Backbone],
+                                                     tmp_path: Path, name: str) -> None:
+    """A plain HF directory (no joynexus_backbone.json): family, special tokens and
+    resolution come from its own config and tokenizer."""
+    import shutil
+
+    from backbone.model import preset_dir
+    from backbone.presets import get_preset
+
+    foreign = tmp_path / name
+    shutil.copytree(preset_dir(model_root, get_preset(name)), foreign)
+    (foreign / "joynexus_backbone.json").unlink()
+    backbone = Backbone.load(foreign)
+    ours = backbones[name]
+    assert backbone.spec.family == ours.spec.family
+    assert backbone.spec.tokens.image == ours.spec.tokens.image
+    if name != "tiny":  # SigLIP towers declare their resolution; Qwen-VL takes 224 by default
+        assert backbone.spec.image_size == ours.spec.image_size
+    request = requests(1, words=4)[0]
+    (a,) = backbone.forward([backbone.prepare(request)])
+    assert a.sequence.shape[-1] == ours.hidden_size and torch.isfinite(a.sequence).all()
