@@ -54,8 +54,9 @@ class StartAt:
 def make_consumer(
     settings: Settings, group_id: str | None, *, topics: Sequence[str] = (),
     pattern: str | None = None, listener: ConsumerRebalanceListener | None = None,
-    isolation_level: str = "read_committed",
+    isolation_level: str = "read_committed", assignors: tuple | None = None,
 ) -> AIOKafkaConsumer:
+    extra = {"partition_assignment_strategy": assignors} if assignors else {}
     consumer = AIOKafkaConsumer(
         bootstrap_servers=settings.bootstrap,
         client_id=settings.client_id,
@@ -69,6 +70,7 @@ def make_consumer(
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         request_timeout_ms=settings.request_timeout_ms,
         metadata_max_age_ms=5000 if pattern else 300_000,  # pattern: see new tenants soon
+        **extra,
     )
     if pattern:
         consumer.subscribe(pattern=pattern, listener=listener)

@@ -274,6 +274,26 @@ def backbone_build(
                   f"{backbone.spec.family}, {backbone.device}/{backbone.dtype}, from {where}")
 
 
+# ------------------------------------------------------------------------ roles
+ROLES = ("env",)
+
+
+@app.command()
+def run(
+    role: Annotated[str, typer.Argument(help=f"One of: {', '.join(ROLES)}.")],
+    worker_id: Annotated[str | None, typer.Option(help="Stable id for logs and progress records.")] = None,
+    step_timeout: Annotated[float, typer.Option(help="env: watchdog seconds per simulator call.")] = 30.0,
+) -> None:
+    """Run one role in the foreground until Ctrl-C / SIGTERM."""
+    settings = _settings()
+    if role == "env":
+        from consumers.env import run_env_role
+
+        asyncio.run(run_env_role(settings, worker_id, step_timeout))
+    else:
+        raise typer.BadParameter(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+
+
 # --------------------------------------------------------------------- schemas
 @app.command()
 def schemas() -> None:

@@ -76,6 +76,9 @@ TENANT_STREAMS: tuple[TopicSpec, ...] = (
     TopicSpec("gradient-jobs", 1, doc="Training queue: minibatches for the backbone"),
     TopicSpec("features", 1, doc="FeatureBatches for the tenant's optimizer worker"),
     TopicSpec("policy-versions", 1, _COMPACT, "PolicyVersionPublished, the snapshot index"),
+    # Co-partitioned with observations/actions/rollouts (same count, same session keys), so
+    # the env worker that owns a session's partition also owns its actions.
+    TopicSpec("sessions", None, _COMPACT, "EnvSession requests, closes and progress, by session"),
 )
 
 SHARED_STREAMS: tuple[TopicSpec, ...] = (

@@ -94,10 +94,10 @@ class EventProducer:
 
     async def enqueue_raw(
         self, topic: str, value: bytes | None, key: str | bytes | None = None,
-        headers: Headers = (), timestamp_ms: int | None = None,
+        headers: Headers = (), timestamp_ms: int | None = None, partition: int | None = None,
     ) -> None:
         await self._producer.send(topic, value=value, key=_key(key), headers=list(headers),
-                                  timestamp_ms=timestamp_ms)
+                                  timestamp_ms=timestamp_ms, partition=partition)
 
     # --- transactions (only with a transactional_id)
     def transaction(self):

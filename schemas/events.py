@@ -19,6 +19,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 __all__ = [
     "EVENT_TYPES",
     "Action",
+    "EnvSessionClosed",
+    "EnvSessionProgress",
+    "EnvSessionRequested",
+    "EnvSessionRestarted",
     "AvroRecord",
     "BlobRef",
     "Envelope",
@@ -39,6 +43,7 @@ __all__ = [
     "PolicyVersionPublished",
     "RoleStatus",
     "RolloutRecord",
+    "SessionStatus",
     "TenantRegistered",
     "Tensor",
     "UsageRecorded",
@@ -70,6 +75,14 @@ class JobKind(StrEnum):
     SFT = "SFT"
     RL = "RL"
     EVAL = "EVAL"
+    UNKNOWN = "UNKNOWN"
+
+
+class SessionStatus(StrEnum):
+    REQUESTED = "REQUESTED"
+    RUNNING = "RUNNING"
+    CLOSED = "CLOSED"
+    FAILED = "FAILED"
     UNKNOWN = "UNKNOWN"
 
 
@@ -280,13 +293,56 @@ class TenantRegistered(Event):
     topics: tuple[str, ...]
 
 
+class EnvSessionRequested(Event):
+    __avro_name__ = f"{NAMESPACE}.EnvSessionRequested"
+    session_id: str
+    job_id: str
+    env_id: str
+    obs_mode: str
+    image_size: int
+    cameras: int
+    seed: int
+    episodes: int | None = None
+    max_episode_steps: int | None = None
+
+
+class EnvSessionClosed(Event):
+    __avro_name__ = f"{NAMESPACE}.EnvSessionClosed"
+    session_id: str
+    job_id: str
+    reason: str
+
+
+class EnvSessionProgress(Event):
+    __avro_name__ = f"{NAMESPACE}.EnvSessionProgress"
+    session_id: str
+    job_id: str
+    status: SessionStatus
+    episodes_completed: int
+    steps_completed: int
+    successes: int
+    restarts: int
+    worker_id: str
+
+
+class EnvSessionRestarted(Event):
+    __avro_name__ = f"{NAMESPACE}.EnvSessionRestarted"
+    session_id: str
+    job_id: str
+    episode_id: str
+    error_class: str
+    reason: str
+    restarts: int
+
+
 #: Every top-level event type, by its Avro full name.
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__avro_name__: cls
     for cls in (
         JobSubmitted, JobAccepted, JobRejected, JobProgress, JobCompleted, JobFailed,
         JobCancelled, Observation, Action, RolloutRecord, GradientJob, FeatureBatch,
-        PolicyVersionPublished, Heartbeat, UsageRecorded, TenantRegistered,
+        PolicyVersionPublished, Heartbeat, UsageRecorded, TenantRegistered, EnvSessionRequested,
+        EnvSessionClosed, EnvSessionProgress, EnvSessionRestarted,
     )
 }
 
@@ -300,4 +356,5 @@ RECORD_TYPES: dict[str, type[AvroRecord]] = {
 ENUM_TYPES: dict[str, type[StrEnum]] = {
     f"{NAMESPACE}.JobKind": JobKind,
     f"{NAMESPACE}.RoleStatus": RoleStatus,
+    f"{NAMESPACE}.SessionStatus": SessionStatus,
 }

@@ -28,6 +28,7 @@ EXPECTED_EVENTS = {
     "JobSubmitted", "JobAccepted", "JobRejected", "JobProgress", "JobCompleted", "JobFailed",
     "JobCancelled", "Observation", "Action", "RolloutRecord", "GradientJob", "FeatureBatch",
     "PolicyVersionPublished", "Heartbeat", "UsageRecorded", "TenantRegistered",
+    "EnvSessionRequested", "EnvSessionClosed", "EnvSessionProgress", "EnvSessionRestarted",
 }
 
 

@@ -1,0 +1,43 @@
+"""The env role: simulator sessions of every tenant, on the bus (``joynexus run env``).
+
+``sim/`` holds the simulators (pure compute, no Kafka); ``session.py`` runs one
+session's episodes; ``worker.py`` is the consumer group that hosts sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from infra.logging import get_logger
+from infra.settings import Settings
+
+__all__ = ["run_env_role", "simulator_for"]
+
+log = get_logger("consumers.env")
+
+
+def simulator_for(spec):
+    """Build the simulator an EnvSessionRequested asks for."""
+    from consumers.env.sim import make_simulator
+
+    return make_simulator(spec.env_id, obs_mode=spec.obs_mode, image_size=spec.image_size,
+                          cameras=spec.cameras, max_episode_steps=spec.max_episode_steps)
+
+
+async def run_env_role(settings: Settings, worker_id: str | None = None,
+                       step_timeout_s: float = 30.0) -> None:
+    """Run one env worker until SIGINT/SIGTERM."""
+    from consumers.env.worker import EnvWorker
+
+    worker = EnvWorker(settings, simulator_for, worker_id=worker_id, step_timeout_s=step_timeout_s)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await worker.start()
+    log.info("env worker running", worker=worker.worker_id, bootstrap=settings.bootstrap)
+    try:
+        await worker.run(stop)
+    finally:
+        await worker.stop()

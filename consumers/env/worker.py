@@ -1,0 +1,262 @@
+"""The env role: a consumer group (``env``) hosting every tenant's simulator sessions.
+
+It subscribes by pattern to the tenants' ``sessions`` and ``actions`` topics.
+Both are keyed by session id and have the same partition count, and the group
+uses Kafka's range assignor, so the worker that owns partition p of a tenant's
+sessions also owns partition p of its actions: a session and its actions
+always live on one worker. Adding a worker moves partitions, and with them
+sessions; a killed worker's partitions move to the survivors.
+
+Sessions topics are folded from the beginning whenever a partition is assigned
+(requests, closes and the latest progress of each session: a compacted
+changelog) and never committed; a session then resumes at its first
+uncommitted episode. Actions topics start at their end on assignment: only
+actions answering observations published from then on matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import uuid
+from collections.abc import Callable
+
+from aiokafka import ConsumerRebalanceListener
+from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.structs import TopicPartition
+
+from consumers.env.session import SessionPorts, SessionRunner
+from consumers.env.sim.base import Simulator
+from infra.errors import SchemaError
+from infra.logging import get_logger
+from infra.settings import Settings
+from infra.topics import tenant_topic
+from producers.producer import EventProducer
+from schemas import events as ev
+from schemas.codec import Codec
+
+__all__ = ["EnvWorker", "progress_key"]
+
+log = get_logger("consumers.env.worker")
+GROUP = "env"
+
+
+def progress_key(session_id: str) -> str:
+    # Progress must survive compaction beside the request, so it has a key of its own
+    # (and is sent to the request's partition explicitly).
+    return f"{session_id}#progress"
+
+
+def _tenant_and_stream(topic: str) -> tuple[str, str]:
+    _, _, tenant, stream = topic.split(".", 3)
+    return tenant, stream
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, worker: EnvWorker):
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self.worker._revoke(revoked)
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.worker._assign(assigned)
+
+
+class EnvWorker:
+    def __init__(self, settings: Settings, make_simulator: Callable[[ev.EnvSessionRequested], Simulator],
+                 *, worker_id: str | None = None, step_timeout_s: float = 30.0, max_restarts: int = 3,
+                 codec: Codec | None = None):
+        from consumers.loop import make_consumer
+
+        self.settings = settings
+        self.make_simulator = make_simulator
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.step_timeout_s = step_timeout_s
+        self.max_restarts = max_restarts
+        self.codec = codec or Codec()
+        prefix = re.escape(settings.topic_prefix)
+        self.consumer = make_consumer(
+            settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.(sessions|actions)$",
+            listener=_Listener(self), assignors=(RangePartitionAssignor,))
+        self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
+        self._txn: dict[TopicPartition, EventProducer] = {}
+        self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._folding: dict[TopicPartition, int] = {}  # sessions partitions still catching up: end offset
+        self._specs: dict[str, ev.EnvSessionRequested] = {}
+        self._progress: dict[str, ev.EnvSessionProgress] = {}
+        self._closed: set[str] = set()
+        self._home: dict[str, TopicPartition] = {}  # session -> its sessions partition
+        self._runners: dict[str, asyncio.Task] = {}
+        self._waiting: dict[tuple[str, str, int], asyncio.Future] = {}
+        self._early: dict[tuple[str, str, int], ev.Action] = {}
+
+    # ------------------------------------------------------------------ life cycle
+    async def start(self) -> None:
+        await self.producer.start()
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        await self._revoke(set(self._home.values()) | set(self._txn))
+        await self.consumer.stop()
+        await self.producer.stop()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            batches = await self.consumer.getmany(timeout_ms=100)
+            for tp, records in batches.items():
+                stream = _tenant_and_stream(tp.topic)[1]
+                for record in records:
+                    self._dispatch(stream, tp, record)
+            for tp, end in list(self._folding.items()):
+                # position, not the last record: transaction markers occupy offsets too
+                if tp not in self.consumer.assignment() or await self.consumer.position(tp) >= end:
+                    del self._folding[tp]
+            await self._caught_up()
+            for sid, task in list(self._runners.items()):
+                if task.done():
+                    self._reap(sid, task)
+
+    # ------------------------------------------------------------------ records
+    def _dispatch(self, stream: str, tp: TopicPartition, record) -> None:
+        try:
+            event = self.codec.decode(record.value)
+        except SchemaError as exc:
+            # Not ours to dead-letter here: sessions/actions are written by joynexus itself.
+            log.error("undecodable record skipped", topic=tp.topic, partition=tp.partition,
+                      offset=record.offset, error=str(exc)[:200])
+            return
+        if stream == "actions" and isinstance(event, ev.Action):
+            self._deliver(event)
+        elif isinstance(event, ev.EnvSessionRequested):
+            self._specs[event.session_id] = event
+            self._home[event.session_id] = tp
+        elif isinstance(event, ev.EnvSessionClosed):
+            self._closed.add(event.session_id)
+            task = self._runners.get(event.session_id)
+            if task:
+                task.cancel()
+        elif isinstance(event, ev.EnvSessionProgress):
+            self._progress[event.session_id] = event
+
+    def _deliver(self, action: ev.Action) -> None:
+        key = (action.session_id, action.episode_id, action.step)
+        future = self._waiting.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(action)
+        elif action.session_id in self._runners:
+            self._early[key] = action  # answered before the runner asked (it will, shortly)
+
+    async def next_action(self, session_id: str, episode_id: str, step: int) -> ev.Action:
+        key = (session_id, episode_id, step)
+        if key in self._early:
+            return self._early.pop(key)
+        for stale in [k for k in self._early if k[0] == session_id]:  # answers to steps long gone
+            del self._early[stale]
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[key] = future
+        try:
+            return await future
+        finally:
+            self._waiting.pop(key, None)
+
+    async def _caught_up(self) -> None:
+        """Start runners for the active sessions of every sessions partition that is folded."""
+        for sid, spec in self._specs.items():
+            tp = self._home[sid]
+            if sid in self._runners or sid in self._closed or tp in self._folding:
+                continue
+            actions = TopicPartition(tp.topic.rsplit(".", 1)[0] + ".actions", tp.partition)
+            if tp not in self.consumer.assignment() or actions not in self.consumer.assignment():
+                continue  # a session runs only where its actions are consumed
+            progress = self._progress.get(sid)
+            if progress and progress.status in (ev.SessionStatus.CLOSED, ev.SessionStatus.FAILED):
+                continue
+            runner = SessionRunner(spec, progress, self._ports(tp), self.worker_id,
+                                   self.step_timeout_s, self.max_restarts)
+            self._runners[sid] = asyncio.create_task(runner.run(), name=f"session-{sid}")
+            log.info("session started", tenant=spec.tenant_id, session=sid,
+                     episodes_done=runner.episodes, partition=tp.partition)
+
+    def _reap(self, sid: str, task: asyncio.Task) -> None:
+        del self._runners[sid]
+        if task.cancelled():
+            return
+        if task.exception() is not None:
+            # A bus error (not the simulator's): the session starts again from its
+            # last committed episode on the next pass.
+            # _progress only moves after a commit, so the restart resumes exactly there.
+            log.error("session runner failed; restarting it", session=sid,
+                      error_class=type(task.exception()).__name__, error=str(task.exception())[:300])
+        else:
+            self._closed.add(sid)
+
+    # ------------------------------------------------------------------ ports
+    def _ports(self, sessions_tp: TopicPartition) -> SessionPorts:
+        async def publish_observation(obs: ev.Observation) -> None:
+            topic = tenant_topic(self.settings, obs.tenant_id, "observations")
+            await self.producer.send(topic, obs, key=obs.session_id)
+
+        async def publish_status(event: ev.Event) -> None:
+            await self.producer.send(tenant_topic(self.settings, event.tenant_id, "status"), event,
+                                     key=event.tenant_id)
+
+        async def commit_episode(records: list[ev.RolloutRecord], progress: ev.EnvSessionProgress) -> None:
+            await self._commit(sessions_tp, records, progress)
+
+        return SessionPorts(publish_observation, commit_episode, publish_status, self.next_action,
+                            self.make_simulator)
+
+    async def _commit(self, tp: TopicPartition, records: list[ev.RolloutRecord],
+                      progress: ev.EnvSessionProgress) -> None:
+        """An episode's rollouts and the session's progress: one transaction."""
+        lock = self._txn_locks.setdefault(tp, asyncio.Lock())
+        async with lock:
+            producer = self._txn.get(tp)
+            if producer is None:
+                producer = EventProducer(self.settings, self.codec,
+                                         transactional_id=f"{GROUP}-{tp.topic}-{tp.partition}",
+                                         client_id=f"env-{self.worker_id}-txn")
+                await producer.start()  # fences a previous owner of this partition
+                self._txn[tp] = producer
+            rollouts = tenant_topic(self.settings, progress.tenant_id, "rollouts")
+            async with producer.transaction():
+                for record in records:
+                    await producer.enqueue(rollouts, record, key=record.session_id)
+                await producer.enqueue_raw(tp.topic, self.codec.encode(progress),
+                                           key=progress_key(progress.session_id), partition=tp.partition)
+            self._progress[progress.session_id] = progress
+
+    # ------------------------------------------------------------------ rebalance
+    async def _assign(self, assigned: set[TopicPartition]) -> None:
+        for tp in assigned:
+            stream = _tenant_and_stream(tp.topic)[1]
+            if stream == "sessions":
+                end = (await self.consumer.end_offsets([tp]))[tp]
+                await self.consumer.seek_to_beginning(tp)
+                if end > 0:
+                    self._folding[tp] = end
+            else:
+                await self.consumer.seek_to_end(tp)
+                await self.consumer.position(tp)  # resolve "end" now, before any observation goes out
+        log.info("partitions assigned", worker=self.worker_id,
+                 partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+
+    async def _revoke(self, revoked: set[TopicPartition]) -> None:
+        for sid, tp in list(self._home.items()):
+            if tp in revoked:
+                task = self._runners.pop(sid, None)
+                if task:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                self._specs.pop(sid, None)
+                self._progress.pop(sid, None)
+                self._home.pop(sid, None)
+        for tp in revoked:
+            self._folding.pop(tp, None)
+            producer = self._txn.pop(tp, None)
+            if producer:
+                await producer.stop()
