@@ -6,6 +6,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import hashlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +28,7 @@ from schemas.tensors import from_numpy
 from tests.helpers import read_topic, running, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def action_for(session_id: str, episode_id: str, step: int, dim: int) -> np.ndarray:
@@ -126,3 +133,109 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
     # Every rollout step was answered; an observation may be asked twice (a rebalance restarts
     # a running episode, or an answer was late), never recorded twice.
     assert source.answered >= total_steps
+
+
+async def status_events(settings: Settings, tenant: str) -> list[ev.Event]:
+    return [r.event for r in await read_topic(settings, tenant_topic(settings, tenant, "status"))]
+
+
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+async def test_a_failing_simulator_restarts_in_place_and_others_never_notice(
+        settings: Settings, unique: str, tmp_path, fault: str) -> None:
+    faulty, calm = f"flt-{unique}-{fault}", f"calm-{unique}-{fault}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        for tenant in (faulty, calm):
+            await admin.ensure_tenant(tenant)
+    once = tmp_path / "faulted"
+    env_id = f"joynexus/Faulty-v0?fault={fault}&at_step=3&once_file={once}&hang_s=60"
+    requests = [session_request(faulty, f"{faulty}-s", env_id, 2, 6),
+                session_request(calm, f"{calm}-s", "joynexus/Reach-v0", 2, 6)]
+    pattern = rf"^nexus\.t\.({re.escape(faulty)}|{re.escape(calm)})\.observations$"
+    source = ActionSource(settings, pattern, 2, f"act-{unique}-{fault}")
+    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}-{fault}", step_timeout_s=2.0)
+    async with running(source), running(worker):
+        await request_sessions(settings, requests)
+
+        async def both_done() -> bool:
+            for request in requests:
+                eps = (await episodes_by_session(settings, request.tenant_id)).get(request.session_id, {})
+                if len(eps) < 2:
+                    return False
+            return True
+
+        await wait_for(both_done, timeout_s=120, what="both sessions' episodes")
+    assert once.exists(), "the fault never fired; the test proved nothing"
+    for request in requests:
+        eps = (await episodes_by_session(settings, request.tenant_id))[request.session_id]
+        assert sorted(eps) == [f"{request.session_id}/0", f"{request.session_id}/1"]
+        assert all(steps == list(range(len(steps))) for steps in eps.values())
+    restarted = [e for e in await status_events(settings, faulty) if isinstance(e, ev.EnvSessionRestarted)]
+    assert len(restarted) == 1
+    assert restarted[0].episode_id == f"{faulty}-s/0"
+    assert restarted[0].error_class == ("SimulatorHung" if fault == "hang" else "SimulatorError")
+    assert not [e for e in await status_events(settings, calm) if isinstance(e, ev.EnvSessionRestarted)]
+
+
+def spawn_env_worker(settings: Settings, worker_id: str, log_path) -> subprocess.Popen:
+    env = {**os.environ, "JOYNEXUS_BOOTSTRAP_SERVERS": settings.bootstrap,
+           "JOYNEXUS_SESSION_TIMEOUT_MS": "6000", "JOYNEXUS_HEARTBEAT_INTERVAL_MS": "1000",
+           "JOYNEXUS_HOME": str(settings.home)}
+    with open(log_path, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "infra", "run", "env", "--worker-id", worker_id],
+                                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def progress_writers(settings: Settings, tenant: str) -> dict[str, set[str]]:
+    """session -> the env workers that committed its progress."""
+    out: dict[str, set[str]] = collections.defaultdict(set)
+    for record in await read_topic(settings, tenant_topic(settings, tenant, "sessions")):
+        if isinstance(record.event, ev.EnvSessionProgress):
+            out[record.event.session_id].add(record.event.worker_id)
+    return out
+
+
+async def test_a_killed_env_worker_loses_no_episode_and_repeats_none(settings: Settings, unique: str,
+                                                                    tmp_path) -> None:
+    tenant, episodes, steps = f"elastic-{unique}", 6, 12
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        await admin.ensure_tenant(tenant)
+    requests = [session_request(tenant, f"{tenant}-s{j}", "joynexus/Reach-v0", episodes, steps, seed=j * 100)
+                for j in range(6)]
+    source = ActionSource(settings, rf"^nexus\.t\.{re.escape(tenant)}\.observations$", 2, f"act-{unique}")
+    workers = {w: spawn_env_worker(settings, w, tmp_path / f"{w}.log") for w in ("wa", "wb")}
+    try:
+        async with running(source):
+            await request_sessions(settings, requests)
+
+            async def both_working() -> bool:
+                writers = set().union(*(await progress_writers(settings, tenant)).values())
+                return writers >= {"wa", "wb"}
+
+            await wait_for(both_working, timeout_s=120, what="both workers to commit episodes")
+            before = await episodes_by_session(settings, tenant)
+            workers["wa"].send_signal(signal.SIGKILL)
+            workers["wa"].wait()
+
+            async def all_done() -> bool:
+                sessions = await episodes_by_session(settings, tenant)
+                return all(len(sessions.get(r.session_id, {})) == episodes for r in requests)
+
+            await wait_for(all_done, timeout_s=180, what="every episode after the kill")
+    finally:
+        for proc in workers.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(30)
+    assert sum(len(e) for e in before.values()) < episodes * len(requests), "killed after the end"
+    sessions = await episodes_by_session(settings, tenant)
+    for request in requests:
+        eps = sessions[request.session_id]
+        assert sorted(eps, key=lambda e: int(e.rsplit("/", 1)[1])) == \
+            [f"{request.session_id}/{k}" for k in range(episodes)]
+        for steps_seen in eps.values():  # each step recorded exactly once
+            assert steps_seen == list(range(len(steps_seen)))
+    writers = await progress_writers(settings, tenant)
+    taken_over = [sid for sid, w in writers.items() if w == {"wa", "wb"}]
+    assert taken_over, "no session moved from the killed worker to the survivor"
