@@ -283,13 +283,15 @@ def run(
     role: Annotated[str, typer.Argument(help=f"One of: {', '.join(ROLES)}.")],
     worker_id: Annotated[str | None, typer.Option(help="Stable id for logs and progress records.")] = None,
     step_timeout: Annotated[float, typer.Option(help="env: watchdog seconds per simulator call.")] = 30.0,
+    group: Annotated[str | None, typer.Option(help="Consumer group (default: the role's name).")] = None,
+    tenants: Annotated[str, typer.Option(help="Regex of the tenant ids to serve.")] = r"[^.]+",
 ) -> None:
     """Run one role in the foreground until Ctrl-C / SIGTERM."""
     settings = _settings()
     if role == "env":
         from consumers.env import run_env_role
 
-        asyncio.run(run_env_role(settings, worker_id, step_timeout))
+        asyncio.run(run_env_role(settings, worker_id, step_timeout, group or "env", tenants))
     else:
         raise typer.BadParameter(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from consumers.abc import RecordContext
 from consumers.env import simulator_for
@@ -106,7 +107,8 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
     requests = [session_request(t, f"{t}-s{j}", "joynexus/Reach-v0", episodes, steps)
                 for t in tenants for j in range(2 if t == tenants[0] else 1)]
     source = ActionSource(settings, rf"^nexus\.t\.env\d-{unique}\.observations$", 2, f"act-{unique}")
-    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}")
+    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}", group_id=f"env-{unique}",
+                       tenants=rf"env\d-{unique}")
     async with running(source), running(worker):
         await request_sessions(settings, requests)
 
@@ -153,7 +155,9 @@ async def test_a_failing_simulator_restarts_in_place_and_others_never_notice(
                 session_request(calm, f"{calm}-s", "joynexus/Reach-v0", 2, 6)]
     pattern = rf"^nexus\.t\.({re.escape(faulty)}|{re.escape(calm)})\.observations$"
     source = ActionSource(settings, pattern, 2, f"act-{unique}-{fault}")
-    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}-{fault}", step_timeout_s=2.0)
+    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}-{fault}", step_timeout_s=2.0,
+                       group_id=f"env-{unique}-{fault}",
+                       tenants=f"{re.escape(faulty)}|{re.escape(calm)}")
     async with running(source), running(worker):
         await request_sessions(settings, requests)
 
@@ -177,13 +181,26 @@ async def test_a_failing_simulator_restarts_in_place_and_others_never_notice(
     assert not [e for e in await status_events(settings, calm) if isinstance(e, ev.EnvSessionRestarted)]
 
 
-def spawn_env_worker(settings: Settings, worker_id: str, log_path) -> subprocess.Popen:
+def spawn_env_worker(settings: Settings, worker_id: str, log_path, group: str,
+                     tenants: str) -> subprocess.Popen:
     env = {**os.environ, "JOYNEXUS_BOOTSTRAP_SERVERS": settings.bootstrap,
            "JOYNEXUS_SESSION_TIMEOUT_MS": "6000", "JOYNEXUS_HEARTBEAT_INTERVAL_MS": "1000",
            "JOYNEXUS_HOME": str(settings.home)}
     with open(log_path, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "infra", "run", "env", "--worker-id", worker_id],
+        return subprocess.Popen([sys.executable, "-m", "infra", "run", "env", "--worker-id", worker_id,
+                                 "--group", group, "--tenants", tenants],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+async def group_members(settings: Settings, group: str) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        (description,) = await admin.describe_consumer_groups([group])
+    finally:
+        await admin.close()
+    _, _, state, _, _, members, *_ = description.groups[0]
+    return len(members) if state == "Stable" else 0
 
 
 async def progress_writers(settings: Settings, tenant: str) -> dict[str, set[str]]:
@@ -197,16 +214,20 @@ async def progress_writers(settings: Settings, tenant: str) -> dict[str, set[str
 
 async def test_a_killed_env_worker_loses_no_episode_and_repeats_none(settings: Settings, unique: str,
                                                                     tmp_path) -> None:
-    tenant, episodes, steps = f"elastic-{unique}", 6, 12
+    tenant, episodes, steps, group = f"elastic-{unique}", 8, 12, f"env-{unique}"
     async with TopicAdmin(settings) as admin:
         await admin.ensure_shared()
         await admin.ensure_tenant(tenant)
     requests = [session_request(tenant, f"{tenant}-s{j}", "joynexus/Reach-v0", episodes, steps, seed=j * 100)
                 for j in range(6)]
     source = ActionSource(settings, rf"^nexus\.t\.{re.escape(tenant)}\.observations$", 2, f"act-{unique}")
-    workers = {w: spawn_env_worker(settings, w, tmp_path / f"{w}.log") for w in ("wa", "wb")}
+    workers = {w: spawn_env_worker(settings, w, tmp_path / f"{w}.log", group, re.escape(tenant))
+               for w in ("wa", "wb")}
     try:
         async with running(source):
+            # Both workers in the group before any session exists: each gets its share.
+            await wait_for(lambda: _is(group_members(settings, group), 2), timeout_s=90,
+                           what="two env workers in the group")
             await request_sessions(settings, requests)
 
             async def both_working() -> bool:
@@ -239,3 +260,7 @@ async def test_a_killed_env_worker_loses_no_episode_and_repeats_none(settings: S
     writers = await progress_writers(settings, tenant)
     taken_over = [sid for sid, w in writers.items() if w == {"wa", "wb"}]
     assert taken_over, "no session moved from the killed worker to the survivor"
+
+
+async def _is(value, expected) -> bool:
+    return await value == expected

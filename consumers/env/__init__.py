@@ -25,12 +25,13 @@ def simulator_for(spec):
                           cameras=spec.cameras, max_episode_steps=spec.max_episode_steps)
 
 
-async def run_env_role(settings: Settings, worker_id: str | None = None,
-                       step_timeout_s: float = 30.0) -> None:
+async def run_env_role(settings: Settings, worker_id: str | None = None, step_timeout_s: float = 30.0,
+                       group_id: str = "env", tenants: str = r"[^.]+") -> None:
     """Run one env worker until SIGINT/SIGTERM."""
     from consumers.env.worker import EnvWorker
 
-    worker = EnvWorker(settings, simulator_for, worker_id=worker_id, step_timeout_s=step_timeout_s)
+    worker = EnvWorker(settings, simulator_for, worker_id=worker_id, step_timeout_s=step_timeout_s,
+                       group_id=group_id, tenants=tenants)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

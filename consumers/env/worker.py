@@ -68,7 +68,9 @@ class _Listener(ConsumerRebalanceListener):
 class EnvWorker:
     def __init__(self, settings: Settings, make_simulator: Callable[[ev.EnvSessionRequested], Simulator],
                  *, worker_id: str | None = None, step_timeout_s: float = 30.0, max_restarts: int = 3,
-                 codec: Codec | None = None):
+                 group_id: str = GROUP, tenants: str = r"[^.]+", codec: Codec | None = None):
+        """``tenants`` is a regex of the tenant ids this worker serves (a pool of env
+        workers per tenant group, or one test's tenants); ``group_id`` names the pool."""
         from consumers.loop import make_consumer
 
         self.settings = settings
@@ -78,8 +80,9 @@ class EnvWorker:
         self.max_restarts = max_restarts
         self.codec = codec or Codec()
         prefix = re.escape(settings.topic_prefix)
+        self.group_id = group_id
         self.consumer = make_consumer(
-            settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.(sessions|actions)$",
+            settings, group_id, pattern=rf"^{prefix}\.t\.(?:{tenants})\.(sessions|actions)$",
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
         self._txn: dict[TopicPartition, EventProducer] = {}
@@ -218,7 +221,7 @@ class EnvWorker:
             producer = self._txn.get(tp)
             if producer is None:
                 producer = EventProducer(self.settings, self.codec,
-                                         transactional_id=f"{GROUP}-{tp.topic}-{tp.partition}",
+                                         transactional_id=f"{self.group_id}-{tp.topic}-{tp.partition}",
                                          client_id=f"env-{self.worker_id}-txn")
                 await producer.start()  # fences a previous owner of this partition
                 self._txn[tp] = producer
