@@ -87,6 +87,7 @@ class EnvWorker:
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
+        self._actions_ready: set[TopicPartition] = set()  # positioned at their end
         self._folding: dict[TopicPartition, int] = {}  # sessions partitions still catching up: end offset
         self._specs: dict[str, ev.EnvSessionRequested] = {}
         self._progress: dict[str, ev.EnvSessionProgress] = {}
@@ -173,8 +174,8 @@ class EnvWorker:
             if sid in self._runners or sid in self._closed or tp in self._folding:
                 continue
             actions = TopicPartition(tp.topic.rsplit(".", 1)[0] + ".actions", tp.partition)
-            if tp not in self.consumer.assignment() or actions not in self.consumer.assignment():
-                continue  # a session runs only where its actions are consumed
+            if tp not in self.consumer.assignment() or actions not in self._actions_ready:
+                continue  # a session runs only where its actions are consumed, from "now" on
             progress = self._progress.get(sid)
             if progress and progress.status in (ev.SessionStatus.CLOSED, ev.SessionStatus.FAILED):
                 continue
@@ -245,6 +246,7 @@ class EnvWorker:
             else:
                 await self.consumer.seek_to_end(tp)
                 await self.consumer.position(tp)  # resolve "end" now, before any observation goes out
+                self._actions_ready.add(tp)
         log.info("partitions assigned", worker=self.worker_id,
                  partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
@@ -260,6 +262,7 @@ class EnvWorker:
                 self._home.pop(sid, None)
         for tp in revoked:
             self._folding.pop(tp, None)
+            self._actions_ready.discard(tp)
             producer = self._txn.pop(tp, None)
             if producer:
                 await producer.stop()
