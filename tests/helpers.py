@@ -49,3 +49,17 @@ async def dead_letters_from(settings: Settings, source_topic: str) -> list[Repla
     """The DLQ is shared and partitioned: pick the dead letters of one source topic."""
     return [r for r in await read_topic(settings, settings.dlq_topic)
             if dict(r.headers).get("dlq.source.topic") == source_topic.encode()]
+
+
+async def end_offset(settings: Settings, topic: str, partition: int = 0) -> int:
+    """The partition's end offset (cheap progress probe; counts transaction markers too)."""
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition
+
+    tp = TopicPartition(topic, partition)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None)
+    await consumer.start()
+    try:
+        return (await consumer.end_offsets([tp]))[tp]
+    finally:
+        await consumer.stop()
