@@ -26,6 +26,7 @@ from consumers.env.sim.base import (
     SimulatorError,
 )
 from consumers.env.sim.guard import GuardedSimulator
+from consumers.env.sim.isolated import IsolatedSimulator
 from consumers.env.sim.registry import ENVS, env_ids, make_expert, make_simulator
 from consumers.env.sim.vulkan import vulkan_available, vulkan_status
 
@@ -35,6 +36,7 @@ __all__ = [
     "Expert",
     "GuardedSimulator",
     "InvalidAction",
+    "IsolatedSimulator",
     "SimObs",
     "SimSpec",
     "SimStep",

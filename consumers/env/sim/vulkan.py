@@ -3,8 +3,12 @@
 SAPIEN needs Vulkan for every ManiSkill env (state observations included), and
 a missing or too old driver fails in ways that are hard to recover from inside
 a process (an exception at best, a crash or a hang at worst). So the check
-creates and steps a tiny ManiSkill env in a subprocess with a timeout, once
-per process; tests skip on ``False`` and print the reason.
+builds a tiny SAPIEN scene with a camera and renders one picture in a child
+process with a timeout, once per process; tests skip on ``False`` and print
+the reason. It is what every ManiSkill env does first (device selection fails
+there with "failed to find a rendering device" on Mesa 22, with
+"ErrorIncompatibleDriver" without any Vulkan driver), at a third of the cost
+of making a ManiSkill env (measured: 5.5 s vs 16 s, most of it imports).
 """
 
 from __future__ import annotations
@@ -17,14 +21,14 @@ from dataclasses import dataclass
 __all__ = ["VulkanStatus", "vulkan_available", "vulkan_status"]
 
 _PROBE = """
-import gymnasium as gym
-import mani_skill.envs
-env = gym.make("PushCube-v1", num_envs=1, sim_backend="physx_cpu", render_backend="cpu", obs_mode="rgb",
-               sensor_configs={"width": 16, "height": 16})
-obs, _ = env.reset(seed=0)
-env.step(env.action_space.sample())
-env.close()
-print("vulkan-ok")
+import sapien
+scene = sapien.Scene()
+scene.add_ground(0)
+camera = scene.add_camera("probe", 16, 16, 1.0, 0.01, 10.0)
+scene.update_render()
+camera.take_picture()
+assert camera.get_picture("Color").shape == (16, 16, 4)
+print("vulkan-ok", sapien.render.get_device_summary().splitlines()[0])
 """
 
 
@@ -35,16 +39,17 @@ class VulkanStatus:
 
 
 @functools.cache
-def vulkan_status(timeout_s: float = 180.0) -> VulkanStatus:
+def vulkan_status(timeout_s: float = 120.0) -> VulkanStatus:
     try:
         done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
                               timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return VulkanStatus(False, f"creating a ManiSkill env took more than {timeout_s:.0f} s")
+        return VulkanStatus(False, f"rendering one SAPIEN picture took more than {timeout_s:.0f} s")
     except OSError as exc:
         return VulkanStatus(False, f"could not start the probe: {exc}")
     if done.returncode == 0 and "vulkan-ok" in done.stdout:
-        return VulkanStatus(True, "SAPIEN created, rendered and stepped a ManiSkill env")
+        device = done.stdout.split("vulkan-ok", 1)[1].strip()
+        return VulkanStatus(True, f"SAPIEN rendered a picture on {device}")
     tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
     return VulkanStatus(False, f"no usable Vulkan device for SAPIEN (exit {done.returncode}): {tail}")
 
