@@ -1,7 +1,7 @@
 """The dead-letter topic ``nexus.dlq``: records that could not be decoded or processed.
 
-A dead letter keeps the original key, value (bytes as they were), headers and
-timestamp, and adds ``dlq.*`` headers: source topic, partition and offset,
+A dead letter keeps the original key, value (bytes as they were) and headers,
+and adds ``dlq.*`` headers (the original timestamp among them): source topic, partition and offset,
 consumer group, stage (``decode`` or ``process``), error class and message,
 attempts, and when it was dead-lettered. ``joynexus replay nexus.dlq`` shows them.
 """
@@ -43,10 +43,15 @@ async def publish_dead_letter(
     producer: EventProducer, topic: str, record: ConsumerRecord, error: BaseException, *,
     stage: str, attempts: int, group_id: str | None, in_transaction: bool = False,
 ) -> None:
-    """Publish a dead letter; outside a transaction, return only once it is acknowledged."""
+    """Publish a dead letter; outside a transaction, return only once it is acknowledged.
+
+    The dead letter is stamped now, not with the source record's time: retention
+    counts from the record timestamp, and a letter about a month-old record would
+    otherwise be deleted by the DLQ's 30-day retention as soon as it landed.
+    """
     headers = dead_letter_headers(record, error, stage=stage, attempts=attempts, group_id=group_id)
     args = (topic, record.value, record.key, headers)
     if in_transaction:
-        await producer.enqueue_raw(*args, timestamp_ms=record.timestamp)
+        await producer.enqueue_raw(*args)
     else:
-        await producer.send_raw(*args, timestamp_ms=record.timestamp)
+        await producer.send_raw(*args)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from infra.broker import LocalBroker
+from infra.errors import BrokerError
 from infra.logging import configure_logging
 from infra.settings import Settings
 
@@ -25,13 +26,19 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
     configure_logging("INFO", "json")
-    settings = Settings(
-        home=tmp_path_factory.mktemp("joynexus-home"),
-        broker_port=free_port(), controller_port=free_port(),
-        max_attempts=2, retry_backoff_s=0.05, _env_file=None,
-    )
-    local = LocalBroker(settings)
-    local.up()
+    home = tmp_path_factory.mktemp("joynexus-home")
+    for attempt in range(3):
+        # A free port can be taken by someone else between our check and the broker's bind.
+        settings = Settings(home=home, broker_port=free_port(), controller_port=free_port(),
+                            max_attempts=2, retry_backoff_s=0.05, _env_file=None)
+        local = LocalBroker(settings)
+        try:
+            local.up()
+            break
+        except BrokerError:
+            local.down()
+            if attempt == 2:
+                raise
     try:
         yield local
     finally:
