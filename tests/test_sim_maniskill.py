@@ -40,7 +40,8 @@ def sims():
 def test_every_task_makes_resets_and_steps_with_its_spec(sims, env_id: str) -> None:
     sim = sims(env_id, "state")
     spec = sim.spec
-    assert (spec.action_dim, spec.proprio_dim, spec.max_episode_steps, spec.cameras) == (4, 25, 50, 0)
+    proprio = 28 if env_id in ("PickCube-v1", "PullCube-v1") else 25  # + the goal position
+    assert (spec.action_dim, spec.proprio_dim, spec.max_episode_steps, spec.cameras) == (4, proprio, 50, 0)
     assert spec.state_dim > 25
     out = rollout(sim, seed=0, steps=5)
     assert out[0].instruction and out[0].state.shape == (spec.state_dim,)
@@ -56,6 +57,16 @@ def test_an_episode_is_a_pure_function_of_its_seed(sims, env_id: str, mode: str)
     again = rollout(sim, seed=21, steps=20)
     assert_same_rollout(first, again)
     assert not np.array_equal(first[0].state, other[0].state)
+
+
+def test_a_second_camera_is_the_wrist_camera() -> None:
+    sim = make_simulator("PickCube-v1", obs_mode="rgb", image_size=32, cameras=2)
+    try:
+        image = sim.reset(0).image
+        assert image.shape == (2, 32, 32, 3) and not np.array_equal(image[0], image[1])
+        assert sim.spec.proprio_dim == 28
+    finally:
+        sim.close()
 
 
 def test_rgb_comes_from_the_sensor_camera_at_the_requested_size(sims) -> None:

@@ -15,9 +15,16 @@ Choices (documented in the README):
 * Reward ``normalized_dense`` (ManiSkill's shaped reward scaled to [0, 1]),
   success from ManiSkill's ``evaluate()``, termination on success as ManiSkill
   does, episode limit ``REGISTERED_ENVS[id].max_episode_steps`` (50 for all five).
-* Images: the task's sensor camera (``base_camera``) at ``image_size``;
-  proprio: the arm's qpos (9), qvel (9) and TCP pose (xyz + wxyz quaternion),
-  25 numbers; state: ManiSkill's flattened ``state`` observation.
+* Images: the task's sensor camera (``base_camera``) at ``image_size``; with
+  ``cameras=2`` the robot is ManiSkill's ``panda_wristcam`` (the same arm with
+  a camera on the hand) and its ``hand_camera`` is the second image. With one
+  camera the robot is always the plain ``panda`` (StackCube defaults to the
+  wrist-camera Panda, whose unused second camera tripled its step time).
+  Proprio: the arm's qpos (9), qvel (9) and TCP pose (xyz + wxyz quaternion),
+  25 numbers, then the goal position (3) for PickCube and PullCube: PickCube's
+  goal marker is hidden from the cameras, so, like ManiSkill's own visual
+  observations (``extra.goal_pos``), the goal travels as a number. State:
+  ManiSkill's flattened ``state`` observation.
 """
 
 from __future__ import annotations
@@ -44,17 +51,21 @@ VULKAN_HINT = ("SAPIEN found no Vulkan device: install Mesa's lavapipe from book
 class ManiSkillTask:
     instruction: str
     actors: dict[str, str]  # name in privileged() -> attribute of the ManiSkill env holding the actor
+    goal_in_proprio: bool = False  # ManiSkill's visual observations carry extra.goal_pos for this task
 
 
 MANISKILL_TASKS: dict[str, ManiSkillTask] = {
     "PushCube-v1": ManiSkillTask("push the cube to the goal region", {"cube": "obj", "goal": "goal_region"}),
     "PickCube-v1": ManiSkillTask("pick up the cube and move it to the goal",
-                                 {"cube": "cube", "goal": "goal_site"}),
+                                 {"cube": "cube", "goal": "goal_site"}, goal_in_proprio=True),
     "StackCube-v1": ManiSkillTask("stack the red cube on the green cube",
                                   {"cube": "cubeA", "base": "cubeB"}),
-    "PullCube-v1": ManiSkillTask("pull the cube to the goal region", {"cube": "obj", "goal": "goal_region"}),
+    "PullCube-v1": ManiSkillTask("pull the cube to the goal region", {"cube": "obj", "goal": "goal_region"},
+                                 goal_in_proprio=True),
     "LiftPegUpright-v1": ManiSkillTask("lift the peg and stand it upright", {"peg": "peg"}),
 }
+CAMERAS = ("base_camera", "hand_camera")
+ROBOTS = {1: "panda", 2: "panda_wristcam"}
 
 
 @dataclass(frozen=True)
@@ -72,8 +83,9 @@ class ManiSkillSim:
     def __init__(self, env_id: str, options: SimOptions, task_options: ManiSkillOptions):
         if env_id not in MANISKILL_TASKS:
             raise ConfigError(f"no ManiSkill adapter for {env_id!r}; known: {sorted(MANISKILL_TASKS)}")
-        if options.cameras != 1:
-            raise ConfigError(f"{env_id} has one sensor camera here, got cameras={options.cameras}")
+        if options.cameras not in ROBOTS:
+            raise ConfigError(f"{env_id} has at most 2 cameras ({', '.join(CAMERAS)}), "
+                              f"got cameras={options.cameras}")
         self.task, self.options = MANISKILL_TASKS[env_id], options
         self.env = self._make(env_id, task_options)
         probe = self.reset(0)
@@ -84,7 +96,7 @@ class ManiSkillSim:
             state_dim=len(probe.state) if probe.state is not None else 0,
             max_episode_steps=self._limit,
             image_size=options.image_size if options.rgb else None,
-            cameras=1 if options.rgb else 0,
+            cameras=options.cameras if options.rgb else 0,
             action_low=float(np.min(self.env.action_space.low)),
             action_high=float(np.max(self.env.action_space.high)),
         )
@@ -99,6 +111,7 @@ class ManiSkillSim:
         try:
             return gym.make(
                 env_id, num_envs=1, sim_backend="physx_cpu", render_backend="cpu",
+                robot_uids=ROBOTS[self.options.cameras],
                 obs_mode=self.options.obs_mode, control_mode=task_options.control_mode,
                 reward_mode=task_options.reward_mode, max_episode_steps=self._limit,
                 sensor_configs={"width": size, "height": size},
@@ -111,13 +124,17 @@ class ManiSkillSim:
             raise ConfigError(f"{env_id}: ManiSkill refused {task_options}: {exc}") from exc
 
     def _obs(self, raw: Any) -> SimObs:
-        agent = self.env.unwrapped.agent
-        joints = agent.get_proprioception()
-        proprio = np.concatenate([_numpy(joints["qpos"]), _numpy(joints["qvel"]),
-                                  _numpy(agent.tcp.pose.raw_pose)]).astype(np.float32)
+        env = self.env.unwrapped
+        joints = env.agent.get_proprioception()
+        parts = [_numpy(joints["qpos"]), _numpy(joints["qvel"]), _numpy(env.agent.tcp.pose.raw_pose)]
+        if self.task.goal_in_proprio:
+            parts.append(_numpy(getattr(env, self.task.actors["goal"]).pose.p))
+        proprio = np.concatenate(parts).astype(np.float32)
         image = state = None
         if self.options.rgb:
-            image = _numpy(raw["sensor_data"]["base_camera"]["rgb"])[None].astype(np.uint8)
+            sensors = raw["sensor_data"]
+            image = np.stack([_numpy(sensors[name]["rgb"]) for name in CAMERAS[: self.options.cameras]])
+            image = image.astype(np.uint8)
         if self.options.state:
             state = _numpy(raw["state"] if isinstance(raw, dict) else raw).astype(np.float32)
         return SimObs(self.task.instruction, proprio, image, state)
