@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -17,6 +18,7 @@ from consumers.env.sim import (
     make_expert,
     make_simulator,
 )
+from consumers.env.sim.vulkan import probe_vulkan
 from infra.errors import ConfigError
 from tests.test_sim_builtin import assert_same_rollout, rollout
 
@@ -158,6 +160,13 @@ def test_an_isolated_process_that_dies_is_reported_with_its_exit_code() -> None:
     with pytest.raises(SimulatorError, match="process exited with code 17"):
         sim.step(np.zeros(2))
     sim.close()
+
+
+def test_the_vulkan_probe_really_asks_the_driver() -> None:
+    """With the Vulkan loader pointed at no driver, the probe must say no (and why)."""
+    status = probe_vulkan(env={**os.environ, "VK_ICD_FILENAMES": "/nonexistent/icd.json"})
+    assert not status.available
+    assert "rendering device" in status.reason or "Incompatible" in status.reason, status.reason
 
 
 def test_an_isolated_simulator_that_cannot_start_says_why() -> None:

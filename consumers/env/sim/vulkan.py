@@ -16,9 +16,10 @@ from __future__ import annotations
 import functools
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["VulkanStatus", "vulkan_available", "vulkan_status"]
+__all__ = ["VulkanStatus", "probe_vulkan", "vulkan_available", "vulkan_status"]
 
 _PROBE = """
 import sapien
@@ -38,11 +39,11 @@ class VulkanStatus:
     reason: str  # why not (the child's last lines of output), or what answered
 
 
-@functools.cache
-def vulkan_status(timeout_s: float = 120.0) -> VulkanStatus:
+def probe_vulkan(timeout_s: float = 120.0, env: Mapping[str, str] | None = None) -> VulkanStatus:
+    """Runs the probe now (``env``: the child's environment, e.g. another ``VK_ICD_FILENAMES``)."""
     try:
         done = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True,
-                              timeout=timeout_s)
+                              timeout=timeout_s, env=dict(env) if env is not None else None)
     except subprocess.TimeoutExpired:
         return VulkanStatus(False, f"rendering one SAPIEN picture took more than {timeout_s:.0f} s")
     except OSError as exc:
@@ -52,6 +53,12 @@ def vulkan_status(timeout_s: float = 120.0) -> VulkanStatus:
         return VulkanStatus(True, f"SAPIEN rendered a picture on {device}")
     tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
     return VulkanStatus(False, f"no usable Vulkan device for SAPIEN (exit {done.returncode}): {tail}")
+
+
+@functools.cache
+def vulkan_status() -> VulkanStatus:
+    """The probe's answer, asked once per process."""
+    return probe_vulkan()
 
 
 def vulkan_available() -> bool:
