@@ -19,6 +19,30 @@ if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
   fi
 fi
 
+# Simulators: ManiSkill (SAPIEN) needs a Vulkan driver even without a GPU - Mesa >= 25
+# lavapipe, from bookworm-backports (bookworm's 22.3 finds no device); MuJoCo renders
+# through EGL/OSMesa. Tests skip ManiSkill only when no Vulkan device answers.
+mesa_version=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null || true)
+if ! dpkg --compare-versions "${mesa_version:-0}" ge 25 || ! dpkg-query -W libosmesa6 >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    target=()
+    if [ "$(. /etc/os-release && echo "${VERSION_CODENAME:-}")" = bookworm ]; then
+      if ! grep -rqs bookworm-backports /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' \
+          'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' \
+          > /etc/apt/sources.list.d/bookworm-backports.sources
+      fi
+      target=(-t bookworm-backports)
+    fi
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ${target[@]+"${target[@]}"} \
+      mesa-vulkan-drivers libvulkan1 libegl1 libgl1 libosmesa6 >/dev/null
+  else
+    echo "ManiSkill needs a Vulkan driver (Mesa >= 25 lavapipe without a GPU) and MuJoCo needs" \
+         "libegl1/libosmesa6; install them as root (see README)" >&2
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

@@ -234,7 +234,7 @@ async def test_a_killed_env_worker_loses_no_episode_and_repeats_none(settings: S
                 writers = set().union(*(await progress_writers(settings, tenant)).values())
                 return writers >= {"wa", "wb"}
 
-            await wait_for(both_working, timeout_s=120, what="both workers to commit episodes")
+            await wait_for(both_working, timeout_s=240, what="both workers to commit episodes")
             before = await episodes_by_session(settings, tenant)
             workers["wa"].send_signal(signal.SIGKILL)
             workers["wa"].wait()

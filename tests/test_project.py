@@ -56,3 +56,13 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme and "make demo" in readme
     assert "exec make test" in (ROOT / ".ci/run").read_text()
+
+
+def test_simulators_and_datasets_never_import_kafka() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys, consumers.env.sim, producers.dataset.format, producers.dataset.generate; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiokafka', 'faust')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
