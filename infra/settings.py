@@ -75,6 +75,12 @@ class Settings(BaseSettings):
         1, ge=0, description="torch CPU threads per process; 0 keeps torch's default. Roles share "
         "the cores, and oversubscribed OpenMP threads busy-wait (measured 50x slower steps).")
 
+    # --- env role
+    env_isolation: Literal["thread", "process"] = Field(
+        "thread", description="thread: simulators step in the env worker's process (fast; a hung "
+        "native call can only be abandoned). process: each session's simulator in a child process "
+        "(a segfault or hang costs that process only).")
+
     # --- logging
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hashlib
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.partitioner import DefaultPartitioner
 
 from consumers.abc import RecordContext
 from consumers.env import simulator_for
@@ -141,10 +143,13 @@ async def status_events(settings: Settings, tenant: str) -> list[ev.Event]:
     return [r.event for r in await read_topic(settings, tenant_topic(settings, tenant, "status"))]
 
 
-@pytest.mark.parametrize("fault", ["raise", "hang"])
+@pytest.mark.parametrize("fault, isolation", [("raise", "thread"), ("hang", "thread"),
+                                              ("exit", "process"), ("hang", "process")])
 async def test_a_failing_simulator_restarts_in_place_and_others_never_notice(
-        settings: Settings, unique: str, tmp_path, fault: str) -> None:
-    faulty, calm = f"flt-{unique}-{fault}", f"calm-{unique}-{fault}"
+        settings: Settings, unique: str, tmp_path, fault: str, isolation: str) -> None:
+    """raise/hang in-process, and a simulator process that dies (as a segfault would) or hangs
+    in a child process: restarted in place, the episode re-run, the other tenant unaffected."""
+    faulty, calm = f"flt-{unique}-{fault}-{isolation}", f"calm-{unique}-{fault}-{isolation}"
     async with TopicAdmin(settings) as admin:
         await admin.ensure_shared()
         for tenant in (faulty, calm):
@@ -154,9 +159,10 @@ async def test_a_failing_simulator_restarts_in_place_and_others_never_notice(
     requests = [session_request(faulty, f"{faulty}-s", env_id, 2, 6),
                 session_request(calm, f"{calm}-s", "joynexus/Reach-v0", 2, 6)]
     pattern = rf"^nexus\.t\.({re.escape(faulty)}|{re.escape(calm)})\.observations$"
-    source = ActionSource(settings, pattern, 2, f"act-{unique}-{fault}")
-    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}-{fault}", step_timeout_s=2.0,
-                       group_id=f"env-{unique}-{fault}",
+    source = ActionSource(settings, pattern, 2, f"act-{unique}-{fault}-{isolation}")
+    worker = EnvWorker(settings, functools.partial(simulator_for, isolation=isolation),
+                       worker_id=f"w-{unique}-{fault}", step_timeout_s=4.0,
+                       group_id=f"env-{unique}-{fault}-{isolation}",
                        tenants=f"{re.escape(faulty)}|{re.escape(calm)}")
     async with running(source), running(worker):
         await request_sessions(settings, requests)
@@ -192,6 +198,19 @@ def spawn_env_worker(settings: Settings, worker_id: str, log_path, group: str,
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
+def sessions_per_partition(prefix: str, partitions: int, per_partition: int) -> list[str]:
+    """Session ids that the producer's default partitioner spreads evenly over the partitions."""
+    chosen: dict[int, list[str]] = collections.defaultdict(list)
+    for j in range(10_000):
+        sid = f"{prefix}-s{j}"
+        p = DefaultPartitioner()(sid.encode(), list(range(partitions)), list(range(partitions)))
+        if len(chosen[p]) < per_partition:
+            chosen[p].append(sid)
+        if all(len(chosen[q]) == per_partition for q in range(partitions)):
+            return [sid for q in range(partitions) for sid in chosen[q]]
+    raise AssertionError("could not spread session ids over the partitions")
+
+
 async def group_members(settings: Settings, group: str) -> int:
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
     await admin.start()
@@ -218,8 +237,10 @@ async def test_a_killed_env_worker_loses_no_episode_and_repeats_none(settings: S
     async with TopicAdmin(settings) as admin:
         await admin.ensure_shared()
         await admin.ensure_tenant(tenant)
-    requests = [session_request(tenant, f"{tenant}-s{j}", "joynexus/Reach-v0", episodes, steps, seed=j * 100)
-                for j in range(6)]
+    # Two sessions per partition, so that every worker has sessions whatever it is assigned.
+    sids = sessions_per_partition(tenant, settings.partitions, 2)
+    requests = [session_request(tenant, sid, "joynexus/Reach-v0", episodes, steps, seed=j * 100)
+                for j, sid in enumerate(sids)]
     source = ActionSource(settings, rf"^nexus\.t\.{re.escape(tenant)}\.observations$", 2, f"act-{unique}")
     workers = {w: spawn_env_worker(settings, w, tmp_path / f"{w}.log", group, re.escape(tenant))
                for w in ("wa", "wb")}
