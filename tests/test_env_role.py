@@ -134,6 +134,10 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
     for t in tenants:
         total_steps += sum(len(steps) for eps in (await episodes_by_session(settings, t)).values()
                            for steps in eps.values())
+    beats = [r.event for r in await read_topic(settings, "nexus.health")
+             if isinstance(r.event, ev.Heartbeat) and r.event.instance_id == f"w-{unique}"]
+    assert beats[0].status == ev.RoleStatus.STARTING and beats[-1].status == ev.RoleStatus.STOPPING
+    assert [b.sequence for b in beats] == list(range(len(beats))) and beats[0].role == "env"
     # Every rollout step was answered; an observation may be asked twice (a rebalance restarts
     # a running episode, or an answer was late), never recorded twice.
     assert source.answered >= total_steps

@@ -33,6 +33,7 @@ from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
 from infra.topics import tenant_topic
+from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -85,6 +86,7 @@ class EnvWorker:
             settings, group_id, pattern=rf"^{prefix}\.t\.(?:{tenants})\.(sessions|actions)$",
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
+        self.heartbeat = Heartbeater(settings, self.producer, "env", self.worker_id, details=self._health)
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._actions_ready: set[TopicPartition] = set()  # positioned at their end
@@ -109,6 +111,18 @@ class EnvWorker:
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
+        beats = asyncio.create_task(self.heartbeat.run(stop), name="env-heartbeat")
+        try:
+            await self._loop(stop)
+        finally:
+            stop.set()
+            await beats
+
+    def _health(self) -> dict[str, str]:
+        return {"sessions": str(len(self._runners)), "partitions": str(len(self.consumer.assignment())),
+                "group": self.group_id}
+
+    async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             batches = await self.consumer.getmany(timeout_ms=100)
             for tp, records in batches.items():
