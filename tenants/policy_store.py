@@ -18,7 +18,6 @@ a no-op, with different tensors an error.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from infra.durable import canonical_json, fsync_dir, read_bytes, sha256_hex, write_synced
 from infra.errors import ConfigError, InvalidTenantId
 from infra.logging import get_logger
 from tenants.config import TenantConfig, validate_tenant_id
@@ -83,49 +83,17 @@ class Checkpoint:
     state: SlotState
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _canonical(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
 def _meta_bytes(meta: CheckpointMeta) -> bytes:
     body = asdict(meta)
-    return json.dumps({**body, "checksum": _sha256(_canonical(body))}, sort_keys=True, indent=1,
+    return json.dumps({**body, "checksum": sha256_hex(canonical_json(body))}, sort_keys=True, indent=1,
                       allow_nan=False).encode()
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "xb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointCorrupt(f"{path}: file is missing") from None
-    except OSError as exc:
-        raise CheckpointCorrupt(f"{path}: cannot be read ({exc})") from exc
 
 
 def _parse_meta(path: Path, data: bytes) -> CheckpointMeta:
     try:
         body = json.loads(data)
         checksum = body.pop("checksum")
-        if _sha256(_canonical(body)) != checksum:
+        if sha256_hex(canonical_json(body)) != checksum:
             raise CheckpointCorrupt(f"{path}: content does not match its checksum")
         if body.get("format") != FORMAT:
             raise CheckpointCorrupt(f"{path}: unsupported checkpoint format {body.get('format')!r}")
@@ -137,15 +105,15 @@ def _parse_meta(path: Path, data: bytes) -> CheckpointMeta:
 
 
 def _load_tensors(path: Path, meta: CheckpointMeta) -> dict[str, torch.Tensor]:
-    data = _read(path)
+    data = read_bytes(path, CheckpointCorrupt)
     expected = meta.files.get(path.name)
     if expected is None:
         raise CheckpointCorrupt(f"{path}: not listed in {META_FILE}")
     if len(data) != expected["size_bytes"]:
         raise CheckpointCorrupt(f"{path}: {len(data)} bytes, metadata says {expected['size_bytes']} "
                                 "(truncated or overwritten)")
-    if _sha256(data) != expected["sha256"]:
-        raise CheckpointCorrupt(f"{path}: sha256 {_sha256(data)} does not match metadata "
+    if sha256_hex(data) != expected["sha256"]:
+        raise CheckpointCorrupt(f"{path}: sha256 {sha256_hex(data)} does not match metadata "
                                 f"{expected['sha256']}")
     try:
         return safetensors.torch.load(data)
@@ -189,7 +157,7 @@ class PolicyStore:
         out = []
         for version in self.versions(tenant):
             path = self._version_dir(tenant, version) / META_FILE
-            out.append(_parse_meta(path, _read(path)))
+            out.append(_parse_meta(path, read_bytes(path, CheckpointCorrupt)))
         return out
 
     def save(self, slot: TenantSlot, *, source_offsets: Mapping[str, int],
@@ -207,7 +175,8 @@ class PolicyStore:
             source_offsets={str(k): int(v) for k, v in source_offsets.items()},
             metrics={str(k): float(v) for k, v in (metrics or {}).items()},
             config=state.config.to_dict(), optimizer_groups=state.optimizer_groups,
-            files={name: {"sha256": _sha256(data), "size_bytes": len(data)} for name, data in blobs.items()},
+            files={name: {"sha256": sha256_hex(data), "size_bytes": len(data)}
+                   for name, data in blobs.items()},
             created_at=datetime.now(UTC).isoformat(),
         )
         try:
@@ -216,7 +185,7 @@ class PolicyStore:
             raise CheckpointError(f"metadata of tenant {slot.tenant_id} is not JSON-able: {exc}") from exc
         final = self._version_dir(slot.tenant_id, meta.version)
         if not final.exists() and self._write(final, blobs, meta_data):
-            ref = CheckpointRef((final / META_FILE).as_uri(), _sha256(meta_data), len(meta_data))
+            ref = CheckpointRef((final / META_FILE).as_uri(), sha256_hex(meta_data), len(meta_data))
             checkpoint = Checkpoint(final, meta, ref, replace(state, version=meta.version))
             log.info("checkpoint_saved", tenant=slot.tenant_id, version=meta.version, step=meta.step)
         else:
@@ -230,15 +199,15 @@ class PolicyStore:
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=final.parent))
         try:
             for name, data in {**blobs, META_FILE: meta_data}.items():
-                _write_synced(tmp / name, data)
-            _fsync_dir(tmp)
+                write_synced(tmp / name, data)
+            fsync_dir(tmp)
             os.rename(tmp, final)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if final.exists():  # another writer of the same version won the rename
                 return False
             raise CheckpointError(f"{final}: could not write checkpoint ({exc})") from exc
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         return True
 
     def _existing(self, final: Path, meta: CheckpointMeta) -> Checkpoint:
@@ -261,9 +230,9 @@ class PolicyStore:
         if not path.is_dir():
             raise CheckpointNotFound(f"no version {version} of tenant {tenant} under {self.root}")
         meta_path = path / META_FILE
-        meta_data = _read(meta_path)
-        if expected_sha256 is not None and _sha256(meta_data) != expected_sha256:
-            raise CheckpointCorrupt(f"{meta_path}: sha256 {_sha256(meta_data)} is not the expected "
+        meta_data = read_bytes(meta_path, CheckpointCorrupt)
+        if expected_sha256 is not None and sha256_hex(meta_data) != expected_sha256:
+            raise CheckpointCorrupt(f"{meta_path}: sha256 {sha256_hex(meta_data)} is not the expected "
                                     f"{expected_sha256}")
         meta = _parse_meta(meta_path, meta_data)
         if (meta.tenant_id, meta.version) != (tenant, version):
@@ -273,7 +242,7 @@ class PolicyStore:
             config = TenantConfig.from_dict(meta.config)
         except ConfigError as exc:
             raise CheckpointCorrupt(f"{meta_path}: invalid tenant config ({exc})") from exc
-        ref = CheckpointRef(meta_path.as_uri(), _sha256(meta_data), len(meta_data))
+        ref = CheckpointRef(meta_path.as_uri(), sha256_hex(meta_data), len(meta_data))
         state = SlotState(config, meta.step, meta.version, model, train, meta.optimizer_groups)
         return Checkpoint(path, meta, ref, state)
 

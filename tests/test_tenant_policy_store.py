@@ -11,6 +11,7 @@ import safetensors.torch
 import torch
 
 import tenants.policy_store as policy_store
+from infra.durable import canonical_json
 from tenants.errors import CheckpointCorrupt, CheckpointError, CheckpointNotFound, NonFiniteLoss
 from tenants.policy_store import META_FILE, MODEL_FILE, TRAIN_FILE, PolicyStore
 from tenants.slot import TenantSlot
@@ -141,7 +142,7 @@ def test_a_file_that_matches_its_checksum_but_is_not_safetensors_is_refused(tmp_
     body.pop("checksum")
     body["files"][MODEL_FILE] = {"sha256": hashlib.sha256(garbage).hexdigest(), "size_bytes": len(garbage)}
     (path / META_FILE).write_bytes(json.dumps(
-        {**body, "checksum": hashlib.sha256(policy_store._canonical(body)).hexdigest()}).encode())
+        {**body, "checksum": hashlib.sha256(canonical_json(body)).hexdigest()}).encode())
     with pytest.raises(CheckpointCorrupt, match="not a readable safetensors file") as caught:
         store.load("acme")
     assert str(path / MODEL_FILE) in str(caught.value)
@@ -167,7 +168,7 @@ def test_a_crash_mid_write_leaves_no_visible_checkpoint(tmp_path: Path, monkeypa
     store, _ = _saved(tmp_path)
     slot = store.restore("acme").mount()
     train(slot, torch.Generator().manual_seed(1), 1)
-    real_write = policy_store._write_synced
+    real_write = policy_store.write_synced
 
     def write_then_die(path: Path, data: bytes) -> None:
         if path.name == TRAIN_FILE:
@@ -175,7 +176,7 @@ def test_a_crash_mid_write_leaves_no_visible_checkpoint(tmp_path: Path, monkeypa
             raise OSError(28, "No space left on device")
         real_write(path, data)
 
-    monkeypatch.setattr(policy_store, "_write_synced", write_then_die)
+    monkeypatch.setattr(policy_store, "write_synced", write_then_die)
     with pytest.raises(CheckpointError, match="could not write checkpoint"):
         store.save(slot, source_offsets={})
     assert store.versions("acme") == [1] and store.load("acme").meta.version == 1

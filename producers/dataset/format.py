@@ -40,7 +40,6 @@ epoch is computed fresh or after others: a feeder resumes exactly.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -56,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from infra.durable import canonical_json, fsync_dir, read_bytes, sha256_hex, write_synced
 from infra.errors import ConfigError, JoynexusError
 
 __all__ = [
@@ -149,7 +149,7 @@ class DatasetMeta(DatasetHeader):
 
     def to_json(self) -> bytes:
         body = asdict(self)
-        return json.dumps({**body, "checksum": _sha256(_canonical(body))}, indent=1, sort_keys=True,
+        return json.dumps({**body, "checksum": sha256_hex(canonical_json(body))}, indent=1, sort_keys=True,
                           allow_nan=False).encode()
 
     @classmethod
@@ -157,7 +157,7 @@ class DatasetMeta(DatasetHeader):
         try:
             body = json.loads(data)
             checksum = body.pop("checksum")
-            if _sha256(_canonical(body)) != checksum:
+            if sha256_hex(canonical_json(body)) != checksum:
                 raise DatasetCorrupt(f"{path}: content does not match its checksum")
             if body.get("format_version") != FORMAT_VERSION:
                 raise DatasetCorrupt(f"{path}: unsupported format version {body.get('format_version')!r}")
@@ -203,14 +203,6 @@ class Episode:
         return out
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def _canonical(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
 def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     """A deflated ``.npz`` whose bytes depend only on the arrays (``numpy.savez`` stamps the time)."""
     buf = io.BytesIO()
@@ -221,21 +213,6 @@ def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
             with archive.open(info, "w", force_zip64=True) as out:
                 np.lib.format.write_array(out, np.asarray(arrays[name], order="C"), allow_pickle=False)
     return buf.getvalue()
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "xb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _expected_shapes(meta: DatasetHeader, steps: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -321,8 +298,8 @@ class DatasetWriter:
                                f"({self.header.obs_mode}): {'; '.join(problems)}")
         data = _npz_bytes(episode.arrays())
         name = f"{EPISODE_DIR}/{len(self.shards):06d}.npz"
-        _write_synced(self.tmp / name, data)
-        shard = ShardInfo(file=name, sha256=_sha256(data), size_bytes=len(data), steps=episode.steps,
+        write_synced(self.tmp / name, data)
+        shard = ShardInfo(file=name, sha256=sha256_hex(data), size_bytes=len(data), steps=episode.steps,
                           seed=int(episode.seed), success=episode.succeeded, instruction=episode.instruction)
         self.shards.append(shard)
         self.moments["actions"].add(episode.actions)
@@ -346,9 +323,9 @@ class DatasetWriter:
             stats={k: m.stats() for k, m in self.moments.items() if m.count},
             shards=list(self.shards),
         )
-        _write_synced(self.tmp / META_FILE, meta.to_json())
-        _fsync_dir(self.tmp / EPISODE_DIR)
-        _fsync_dir(self.tmp)
+        write_synced(self.tmp / META_FILE, meta.to_json())
+        fsync_dir(self.tmp / EPISODE_DIR)
+        fsync_dir(self.tmp)
         self._swap_in()
         self.meta = meta
         return meta
@@ -362,7 +339,7 @@ class DatasetWriter:
             old = self.out_dir.parent / f".{self.out_dir.name}.old-{uuid.uuid4().hex[:8]}"
             self.out_dir.rename(old)
         self.tmp.rename(self.out_dir)
-        _fsync_dir(self.out_dir.parent)
+        fsync_dir(self.out_dir.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
@@ -379,22 +356,13 @@ class DatasetWriter:
             self.abort()
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise DatasetCorrupt(f"{path}: file is missing") from None
-    except OSError as exc:
-        raise DatasetCorrupt(f"{path}: cannot be read ({exc})") from exc
-
-
 def _load_episode(path: Path, shard: ShardInfo, meta: DatasetMeta) -> Episode:
-    data = _read(path)
+    data = read_bytes(path, DatasetCorrupt)
     if len(data) != shard.size_bytes:
         raise DatasetCorrupt(f"{path}: {len(data)} bytes, {META_FILE} says {shard.size_bytes} "
                              "(truncated or overwritten)")
-    if _sha256(data) != shard.sha256:
-        raise DatasetCorrupt(f"{path}: sha256 {_sha256(data)} does not match {META_FILE} ({shard.sha256})")
+    if sha256_hex(data) != shard.sha256:
+        raise DatasetCorrupt(f"{path}: sha256 {sha256_hex(data)} does not match {META_FILE} ({shard.sha256})")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
@@ -455,7 +423,7 @@ class Dataset:
     def __init__(self, path: str | os.PathLike[str], *, cache_episodes: int = 32):
         self.path = Path(path)
         meta_path = self.path / META_FILE
-        self.meta = DatasetMeta.from_json(_read(meta_path), meta_path)
+        self.meta = DatasetMeta.from_json(read_bytes(meta_path, DatasetCorrupt), meta_path)
         self.offsets = np.concatenate([[0], np.cumsum([s.steps for s in self.meta.shards])]).astype(np.int64)
         self._cache: OrderedDict[int, Episode] = OrderedDict()
         self._cache_size = max(cache_episodes, 1)
