@@ -20,7 +20,7 @@ import numpy as np
 
 from infra.errors import JoynexusError
 
-__all__ = ["OBS_MODES", "Expert", "InvalidAction", "SimObs", "SimSpec", "SimStep", "Simulator",
+__all__ = ["OBS_MODES", "Expert", "InvalidAction", "NoisyExpert", "SimObs", "SimSpec", "SimStep", "Simulator",
            "SimulatorError"]
 
 OBS_MODES = ("rgb", "state", "rgb+state")  # proprio and the instruction come with every mode
@@ -80,3 +80,23 @@ class Expert(Protocol):
     def reset(self, seed: int) -> None: ...
 
     def act(self, obs: SimObs, sim: Simulator) -> np.ndarray: ...
+
+
+class NoisyExpert:
+    """Base of scripted experts: seeded Gaussian action noise that restarts at ``reset(seed)``,
+    so a recorded episode is a pure function of its seed. ``noise`` is relative to the
+    half-range of the action bounds ``low``..``high``."""
+
+    low, high = -1.0, 1.0
+
+    def __init__(self, noise: float = 0.0):
+        self.noise = noise
+        self.rng = np.random.default_rng(0)
+
+    def reset(self, seed: int) -> None:
+        self.rng = np.random.default_rng([seed, 0x5EED])
+
+    def _finish(self, action: np.ndarray) -> np.ndarray:
+        if self.noise:
+            action = action + self.rng.normal(0.0, self.noise * (self.high - self.low) / 2, action.shape)
+        return np.clip(action, self.low, self.high).astype(np.float32)

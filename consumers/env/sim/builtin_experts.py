@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumers.env.sim.base import SimObs, Simulator
+from consumers.env.sim.base import NoisyExpert, SimObs, Simulator
 from consumers.env.sim.builtin import AGENT_RADIUS, BLOCK_RADIUS, SPEED
 
 __all__ = ["PushExpert", "ReachExpert"]
@@ -25,21 +25,7 @@ def _toward(offset: np.ndarray, gain: float = 1.0) -> np.ndarray:
     return action / largest if largest > 1.0 else action
 
 
-class _NoisyExpert:
-    def __init__(self, noise: float = 0.0):
-        self.noise = noise
-        self.rng = np.random.default_rng(0)
-
-    def reset(self, seed: int) -> None:
-        self.rng = np.random.default_rng([seed, 0x5EED])
-
-    def _finish(self, action: np.ndarray) -> np.ndarray:
-        if self.noise:
-            action = action + self.rng.normal(0.0, self.noise, size=action.shape)
-        return np.clip(action, -1.0, 1.0).astype(np.float32)
-
-
-class ReachExpert(_NoisyExpert):
+class ReachExpert(NoisyExpert):
     """Straight to the named target."""
 
     def act(self, obs: SimObs, sim: Simulator) -> np.ndarray:
@@ -47,7 +33,7 @@ class ReachExpert(_NoisyExpert):
         return self._finish(_toward(truth["goal"] - truth["agent"]))
 
 
-class PushExpert(_NoisyExpert):
+class PushExpert(NoisyExpert):
     """Go around the block to its side away from the goal, then push along the block-goal line.
 
     With ``u`` the unit vector block -> goal, the push starts from

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumers.env.sim.base import SimObs, Simulator
+from consumers.env.sim.base import NoisyExpert, SimObs, Simulator
 
 __all__ = ["PendulumExpert", "ReacherExpert"]
 
@@ -18,23 +18,7 @@ PENDULUM_MAX_TORQUE = 2.0
 REACHER_LINKS = (0.1, 0.11)
 
 
-class _GymExpert:
-    low, high = -1.0, 1.0
-
-    def __init__(self, noise: float = 0.0):
-        self.noise = noise
-        self.rng = np.random.default_rng(0)
-
-    def reset(self, seed: int) -> None:
-        self.rng = np.random.default_rng([seed, 0x5EED])
-
-    def _finish(self, action: np.ndarray) -> np.ndarray:
-        if self.noise:
-            action = action + self.rng.normal(0.0, self.noise * (self.high - self.low) / 2, action.shape)
-        return np.clip(action, self.low, self.high).astype(np.float32)
-
-
-class PendulumExpert(_GymExpert):
+class PendulumExpert(NoisyExpert):
     """Energy shaping (gym's pendulum: g=10, m=l=1) far from the top, PD within 0.6 rad of it."""
 
     low, high = -PENDULUM_MAX_TORQUE, PENDULUM_MAX_TORQUE
@@ -50,7 +34,7 @@ class PendulumExpert(_GymExpert):
         return self._finish(np.array([torque]))
 
 
-class ReacherExpert(_GymExpert):
+class ReacherExpert(NoisyExpert):
     """Analytic inverse kinematics for the target (the elbow branch nearest the arm's), then joint PD."""
 
     kp, kd = 5.0, 0.3
