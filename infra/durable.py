@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["canonical_json", "fsync_dir", "read_bytes", "sha256_hex", "write_synced"]
+__all__ = ["canonical_json", "checksummed_json", "fsync_dir", "read_bytes", "sha256_hex",
+           "verified_json", "write_synced"]
 
 
 def sha256_hex(data: bytes) -> str:
@@ -52,3 +53,21 @@ def read_bytes(path: Path, error: type[Exception]) -> bytes:
         raise error(f"{path}: file is missing") from None
     except OSError as exc:
         raise error(f"{path}: cannot be read ({exc})") from exc
+
+
+def checksummed_json(body: Mapping[str, Any]) -> bytes:
+    """Readable JSON of ``body`` plus a ``checksum`` over its canonical form."""
+    return json.dumps({**body, "checksum": sha256_hex(canonical_json(body))}, sort_keys=True, indent=1,
+                      allow_nan=False).encode()
+
+
+def verified_json(data: bytes, path: Path, error: type[Exception]) -> dict[str, Any]:
+    """The body of a ``checksummed_json`` file; ``error`` when it was altered.
+
+    Unparseable data raises ValueError/KeyError for the caller to word as its own error.
+    """
+    body = json.loads(data)
+    checksum = body.pop("checksum")
+    if sha256_hex(canonical_json(body)) != checksum:
+        raise error(f"{path}: content does not match its checksum")
+    return body

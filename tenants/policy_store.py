@@ -18,7 +18,6 @@ a no-op, with different tensors an error.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -32,7 +31,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from infra.durable import canonical_json, fsync_dir, read_bytes, sha256_hex, write_synced
+from infra.durable import checksummed_json, fsync_dir, read_bytes, sha256_hex, verified_json, write_synced
 from infra.errors import ConfigError, InvalidTenantId
 from infra.logging import get_logger
 from tenants.config import TenantConfig, validate_tenant_id
@@ -84,17 +83,12 @@ class Checkpoint:
 
 
 def _meta_bytes(meta: CheckpointMeta) -> bytes:
-    body = asdict(meta)
-    return json.dumps({**body, "checksum": sha256_hex(canonical_json(body))}, sort_keys=True, indent=1,
-                      allow_nan=False).encode()
+    return checksummed_json(asdict(meta))
 
 
 def _parse_meta(path: Path, data: bytes) -> CheckpointMeta:
     try:
-        body = json.loads(data)
-        checksum = body.pop("checksum")
-        if sha256_hex(canonical_json(body)) != checksum:
-            raise CheckpointCorrupt(f"{path}: content does not match its checksum")
+        body = verified_json(data, path, CheckpointCorrupt)
         if body.get("format") != FORMAT:
             raise CheckpointCorrupt(f"{path}: unsupported checkpoint format {body.get('format')!r}")
         return CheckpointMeta(**body)

@@ -41,7 +41,6 @@ epoch is computed fresh or after others: a feeder resumes exactly.
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import threading
@@ -55,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from infra.durable import canonical_json, fsync_dir, read_bytes, sha256_hex, write_synced
+from infra.durable import checksummed_json, fsync_dir, read_bytes, sha256_hex, verified_json, write_synced
 from infra.errors import ConfigError, JoynexusError
 
 __all__ = [
@@ -148,17 +147,12 @@ class DatasetMeta(DatasetHeader):
         return "state" in self.obs_mode
 
     def to_json(self) -> bytes:
-        body = asdict(self)
-        return json.dumps({**body, "checksum": sha256_hex(canonical_json(body))}, indent=1, sort_keys=True,
-                          allow_nan=False).encode()
+        return checksummed_json(asdict(self))
 
     @classmethod
     def from_json(cls, data: bytes, path: Path) -> DatasetMeta:
         try:
-            body = json.loads(data)
-            checksum = body.pop("checksum")
-            if sha256_hex(canonical_json(body)) != checksum:
-                raise DatasetCorrupt(f"{path}: content does not match its checksum")
+            body = verified_json(data, path, DatasetCorrupt)
             if body.get("format_version") != FORMAT_VERSION:
                 raise DatasetCorrupt(f"{path}: unsupported format version {body.get('format_version')!r}")
             body["stats"] = {k: ArrayStats(**v) for k, v in body["stats"].items()}
