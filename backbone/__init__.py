@@ -4,8 +4,7 @@ Names are imported lazily: ``import backbone.feature`` (what tenant code needs)
 must not pay for importing transformers.
 """
 
-from importlib import import_module
-from typing import Any
+from infra.lazy import lazy_getattr
 
 _EXPORTS = {
     "PRESETS": "backbone.presets", "Preset": "backbone.presets",
@@ -18,8 +17,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'backbone' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr("backbone", _EXPORTS)

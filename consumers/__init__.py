@@ -4,8 +4,7 @@ exactly-once consume-transform-produce, and group-less replay.
 Names are imported lazily, so ``consumers.env.sim`` (pure compute) does not pull in aiokafka.
 """
 
-from importlib import import_module
-from typing import Any
+from infra.lazy import lazy_getattr
 
 _EXPORTS = {
     "Handler": "consumers.abc", "Output": "consumers.abc", "RecordContext": "consumers.abc",
@@ -17,8 +16,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'consumers' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr("consumers", _EXPORTS)

@@ -5,15 +5,10 @@ Names are imported lazily, so ``producers.dataset`` (reading/writing datasets) d
 pull in aiokafka.
 """
 
-from importlib import import_module
-from typing import Any
+from infra.lazy import lazy_getattr
 
 _EXPORTS = {"EventProducer": "producers.producer"}
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'producers' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr("producers", _EXPORTS)

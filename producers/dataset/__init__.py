@@ -5,8 +5,7 @@ action-chunk targets) and the generator that records scripted experts (``generat
 The generator is imported lazily: reading a dataset must not pay for the simulators.
 """
 
-from importlib import import_module
-from typing import Any
+from infra.lazy import lazy_getattr
 
 _EXPORTS = {
     name: "producers.dataset.format"
@@ -17,8 +16,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'producers.dataset' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr("producers.dataset", _EXPORTS)
