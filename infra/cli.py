@@ -52,6 +52,16 @@ def _fail(exc: Exception) -> None:
     raise typer.Exit(1)
 
 
+def _print_lines(lines, prefix: str = "") -> None:
+    """Run a coroutine that returns names, print one per line; joynexus errors exit 1."""
+    try:
+        names = asyncio.run(lines)
+    except JoynexusError as exc:
+        _fail(exc)
+    for name in names:
+        print(f"{prefix}{name}")
+
+
 # ---------------------------------------------------------------------- broker
 @broker_app.command("fetch")
 def broker_fetch() -> None:
@@ -107,11 +117,7 @@ def topics_ensure(tenant: Annotated[list[str] | None, typer.Option("--tenant", "
             for t in tenant or ():
                 names += await admin.ensure_tenant(t)
             return names
-    try:
-        for name in asyncio.run(run()):
-            print(name)
-    except JoynexusError as exc:
-        _fail(exc)
+    _print_lines(run())
 
 
 @topics_app.command("list")
@@ -120,11 +126,7 @@ def topics_list(tenant: Annotated[str | None, typer.Option("--tenant", "-t")] = 
     async def run() -> list[str]:
         async with TopicAdmin(_settings()) as admin:
             return await (admin.tenant_topics(tenant) if tenant else admin.tenants())
-    try:
-        for name in asyncio.run(run()):
-            print(name)
-    except JoynexusError as exc:
-        _fail(exc)
+    _print_lines(run())
 
 
 @topics_app.command("delete")
@@ -139,11 +141,7 @@ def topics_delete(
     async def run() -> list[str]:
         async with TopicAdmin(_settings()) as admin:
             return await admin.delete_tenant(tenant)
-    try:
-        for name in asyncio.run(run()):
-            print(f"deleted {name}")
-    except JoynexusError as exc:
-        _fail(exc)
+    _print_lines(run(), prefix="deleted ")
 
 
 # ---------------------------------------------------------------------- replay

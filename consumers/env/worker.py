@@ -29,6 +29,7 @@ from aiokafka.structs import TopicPartition
 
 from consumers.env.session import SessionPorts, SessionRunner
 from consumers.env.sim.base import Simulator
+from consumers.loop import make_consumer
 from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
@@ -72,7 +73,6 @@ class EnvWorker:
                  group_id: str = GROUP, tenants: str = r"[^.]+", codec: Codec | None = None):
         """``tenants`` is a regex of the tenant ids this worker serves (a pool of env
         workers per tenant group, or one test's tenants); ``group_id`` names the pool."""
-        from consumers.loop import make_consumer
 
         self.settings = settings
         self.make_simulator = make_simulator
