@@ -238,6 +238,10 @@ class GradientJob(Event):
     images: Tensor | None = None
     proprio: Tensor | None = None
     targets: dict[str, Tensor]
+    publish: bool = False
+    final: bool = False
+    needs_sequence: bool = False
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class FeatureBatch(Event):
@@ -251,6 +255,9 @@ class FeatureBatch(Event):
     targets: dict[str, Tensor]
     group_size: int
     source_offset: int
+    publish: bool = False
+    final: bool = False
+    metrics: dict[str, float] = Field(default_factory=dict)
 
 
 class PolicyVersionPublished(Event):
@@ -304,6 +311,10 @@ class EnvSessionRequested(Event):
     seed: int
     episodes: int | None = None
     max_episode_steps: int | None = None
+    policy_version: int | None = None
+    deterministic: bool = False
+    action_seed: int = 0
+    state_in_proprio: bool = False
 
 
 class EnvSessionClosed(Event):
