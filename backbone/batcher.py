@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backbone.feature import VLAFeature
+from backbone.gate import DeviceGate
 from backbone.inputs import BucketKey, Prepared, VLARequest
 from backbone.model import Backbone
 from infra.logging import get_logger
@@ -67,12 +68,15 @@ class _Pending:
 class GroupBatcher:
     def __init__(self, backbone: Backbone, config: BatcherConfig = BatcherConfig(),
                  clock: Callable[[], float] = time.monotonic,
-                 on_group: Callable[[GroupRecord], None] | None = None):
+                 on_group: Callable[[GroupRecord], None] | None = None, gate: DeviceGate | None = None,
+                 queue: str = "inference"):
         self.backbone = backbone
+        self.gate = gate  # shared with another user of the backbone (backbone/gate.py)
+        self.queue = queue
         self.config = config
         self.clock = clock
         self.on_group = on_group
-        self.records: list[GroupRecord] = []
+        self.records: deque[GroupRecord] = deque(maxlen=100_000)  # a service runs for days
         self._buckets: dict[BucketKey, deque[_Pending]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -159,7 +163,7 @@ class GroupBatcher:
         start = time.perf_counter()
         retried = False
         try:
-            features = await asyncio.to_thread(self.backbone.forward, [p.prepared for p in group])
+            features = await self._forward([p.prepared for p in group])
             for pending, feature in zip(group, features, strict=True):
                 _resolve(pending.future, feature)
         except Exception as exc:  # isolate the culprit: every request alone
@@ -168,7 +172,7 @@ class GroupBatcher:
                         error_class=type(exc).__name__, error=str(exc)[:300])
             for pending in group:
                 try:
-                    (feature,) = await asyncio.to_thread(self.backbone.forward, [pending.prepared])
+                    (feature,) = await self._forward([pending.prepared])
                     _resolve(pending.future, feature)
                 except Exception as alone:
                     _fail(pending.future, alone)
@@ -177,6 +181,13 @@ class GroupBatcher:
         self.records.append(record)
         if self.on_group:
             self.on_group(record)
+
+
+    async def _forward(self, group: list[Prepared]) -> list[VLAFeature]:
+        if self.gate is None:
+            return await asyncio.to_thread(self.backbone.forward, group)
+        async with self.gate.use(self.queue):
+            return await asyncio.to_thread(self.backbone.forward, group)
 
 
 def _resolve(future: asyncio.Future, value: VLAFeature) -> None:

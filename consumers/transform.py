@@ -59,15 +59,16 @@ class TransformWorker:
     """Runs a ``Transform`` over topics with exactly-once output."""
 
     def __init__(
-        self, settings: Settings, *, group_id: str, topics: Sequence[str], transform: Transform,
-        role: str, codec: Codec | None = None,
+        self, settings: Settings, *, group_id: str, transform: Transform, role: str,
+        topics: Sequence[str] = (), pattern: str | None = None, codec: Codec | None = None,
     ):
         self.settings = settings
         self.group_id = group_id
         self.transform = transform
         self.role = role
         self.codec = codec or Codec()
-        self.consumer = make_consumer(settings, group_id, topics=topics, listener=_Listener(self))
+        self.consumer = make_consumer(settings, group_id, topics=topics, pattern=pattern,
+                                      listener=_Listener(self))
         self._producers: dict[TopicPartition, EventProducer] = {}
         self._revoked: set[TopicPartition] = set()
         self._to_rewind: set[TopicPartition] = set()

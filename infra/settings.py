@@ -81,6 +81,12 @@ class Settings(BaseSettings):
         "native call can only be abandoned). process: each session's simulator in a child process "
         "(a segfault or hang costs that process only).")
 
+    # --- service roles
+    inference_target_batch: int = Field(8, ge=1, description="Inference groups flush at B requests...")
+    inference_max_wait_ms: float = Field(5.0, ge=0, description="...or when the oldest waited T ms.")
+    train_max_batch_jobs: int = Field(16, ge=1, description="Gradient jobs grouped into one forward.")
+    policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
+
     # --- logging
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
@@ -98,6 +104,16 @@ class Settings(BaseSettings):
     def model_dir(self) -> Path:
         """Where backbone presets are built and kept."""
         return self.home / "models"
+
+    @property
+    def policy_dir(self) -> Path:
+        """The policy store: every tenant's checkpoints (tenants/policy_store.py)."""
+        return self.home / "policies"
+
+    @property
+    def run_dir(self) -> Path:
+        """Where `joynexus demo` writes its runs (metrics, plots)."""
+        return self.home / "runs"
 
     @property
     def dlq_topic(self) -> str:

@@ -44,6 +44,9 @@ class FeedPlan:
     chunk_len: int = 1
     policy_version: int = 0
     batches_per_commit: int = 4
+    publish_every: int = 0  # the optimizer publishes a version every this many steps (0: at the end)
+    needs_sequence: bool = False  # the tenant's modules read the backbone's token states
+    max_batches: int | None = None  # stop early (a job's limits.max_steps)
 
 
 async def last_sequence(settings: Settings, topic: str, job_id: str, codec: Codec | None = None,
@@ -91,13 +94,15 @@ class DatasetFeeder:
 
     @property
     def total(self) -> int:
-        return self.per_epoch * self.plan.epochs
+        total = self.per_epoch * self.plan.epochs
+        return total if self.plan.max_batches is None else min(total, self.plan.max_batches)
 
     def gradient_job(self, sequence: int) -> ev.GradientJob:
         """The GradientJob at a position of the feed: a pure function of the plan."""
         epoch, batch = divmod(sequence, self.per_epoch)
         indices = layout_batches(self.dataset, self.plan.batch_size, self.plan.seed, epoch)[batch]
         mb = self.dataset.minibatch(indices, self.plan.chunk_len)
+        final, every = sequence == self.total - 1, self.plan.publish_every
         targets = {"actions": from_numpy(mb.actions.astype(np.float32)),
                    "action_mask": from_numpy(mb.action_mask)}
         return ev.GradientJob(
@@ -106,7 +111,9 @@ class DatasetFeeder:
             job_id=self.plan.job_id, batch_id=f"{self.plan.job_id}/e{epoch}/b{batch}", sequence=sequence,
             policy_version=self.plan.policy_version, instructions=tuple(mb.instructions),
             images=from_numpy(mb.images) if mb.images is not None else None,
-            proprio=from_numpy(mb.proprio.astype(np.float32)), targets=targets)
+            proprio=from_numpy(mb.proprio.astype(np.float32)), targets=targets,
+            publish=final or (every > 0 and (sequence + 1) % every == 0), final=final,
+            needs_sequence=self.plan.needs_sequence, metrics={"epoch": float(epoch)})
 
     async def run(self, stop: asyncio.Event | None = None) -> int:
         """Publish from the first batch not yet in the log to the end; returns how many."""

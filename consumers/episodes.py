@@ -1,0 +1,99 @@
+"""Rollout records back into whole episodes, and the offsets that are safe to commit.
+
+The env commits an episode's records in one transaction, so a read_committed
+consumer sees whole episodes; but episodes of many sessions interleave on a
+partition. A collector keeps the records of sessions it has not finished
+with, and ``safe_offsets`` says, per partition, how far the log may be
+committed without losing any of them: up to the first record still held. A
+restarted consumer reads the held records again; whatever was already
+acted on is recognised downstream (deterministic ids and sequences).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from schemas import events as ev
+
+__all__ = ["Episode", "EpisodeCollector"]
+
+
+@dataclass
+class Episode:
+    episode_id: str
+    records: list[ev.RolloutRecord] = field(default_factory=list)
+
+    @property
+    def order(self) -> tuple[int, str]:
+        # a session's episode k resets with seed + k: the seed orders episodes whatever their ids
+        return (self.records[0].reset_seed if self.records else -1, self.episode_id)
+
+    @property
+    def done(self) -> bool:
+        last = self.records[-1] if self.records else None
+        return last is not None and (last.terminated or last.truncated)
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(r.reward for r in self.records))
+
+    @property
+    def success(self) -> bool:
+        return any(r.success for r in self.records)
+
+
+@dataclass
+class _Session:
+    episodes: dict[str, Episode] = field(default_factory=dict)
+    first_offset: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+class EpisodeCollector:
+    def __init__(self) -> None:
+        self._sessions: dict[str, _Session] = {}
+        self._released: set[str] = set()
+        self._read: dict[TopicPartition, int] = {}
+
+    def add(self, record: ConsumerRecord, event: ev.RolloutRecord) -> None:
+        tp = TopicPartition(record.topic, record.partition)
+        self._read[tp] = record.offset + 1
+        if event.session_id in self._released:
+            return
+        session = self._sessions.setdefault(event.session_id, _Session())
+        session.first_offset.setdefault(tp, record.offset)
+        episode = session.episodes.setdefault(event.episode_id, Episode(event.episode_id))
+        if any(r.step == event.step for r in episode.records):
+            return  # the same step again (a re-read after a restart)
+        episode.records.append(event)
+        episode.records.sort(key=lambda r: r.step)
+
+    def done_episodes(self, session_id: str) -> list[Episode]:
+        session = self._sessions.get(session_id)
+        if session is None:
+            return []
+        return sorted((e for e in session.episodes.values() if e.done), key=lambda e: e.order)
+
+    def take(self, session_id: str, episodes: list[Episode]) -> None:
+        """Forget episodes that were acted on (async RL keeps collecting the session)."""
+        session = self._sessions.get(session_id)
+        if session:
+            for episode in episodes:
+                session.episodes.pop(episode.episode_id, None)
+
+    def release(self, session_id: str) -> None:
+        """The session is finished with: its records no longer hold the commit position back."""
+        self._sessions.pop(session_id, None)
+        self._released.add(session_id)
+
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    def safe_offsets(self) -> dict[TopicPartition, int]:
+        held: dict[TopicPartition, int] = defaultdict(lambda: 1 << 62)
+        for session in self._sessions.values():
+            for tp, offset in session.first_offset.items():
+                held[tp] = min(held[tp], offset)
+        return {tp: min(read, held[tp]) if tp in held else read for tp, read in self._read.items()}

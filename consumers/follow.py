@@ -1,0 +1,116 @@
+"""Follow topics from their beginning without a consumer group: the way a role builds a read model.
+
+A ``TopicFollower`` reads every partition of the topics that match a pattern
+(new tenants' topics are picked up within seconds), from offset 0, committed
+records only, and hands each decoded event to ``apply``. It commits nothing:
+a restart folds the log again, which is what makes the read model a pure
+function of the log. ``caught_up`` waits until everything that existed when
+it was called has been applied (read-your-writes for callers that just
+published).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import ConsumerRecord, TopicPartition
+
+from infra.errors import SchemaError
+from infra.logging import get_logger
+from infra.settings import Settings
+from schemas.codec import Codec
+from schemas.events import Event
+
+__all__ = ["TopicFollower"]
+
+log = get_logger("consumers.follow")
+
+Apply = Callable[[Event, ConsumerRecord], None]
+
+
+class TopicFollower:
+    def __init__(self, settings: Settings, pattern: str, apply: Apply, *, name: str,
+                 codec: Codec | None = None):
+        self.settings = settings
+        self.pattern = pattern
+        self.apply = apply
+        self.name = name
+        self.codec = codec or Codec()
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap, client_id=f"{settings.client_id}-{name}",
+            group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
+            isolation_level="read_committed", metadata_max_age_ms=2000)
+        self.applied = 0
+        self._task: asyncio.Task | None = None
+        self._progress = asyncio.Condition()
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        self.consumer.subscribe(pattern=self.pattern)
+        self._task = asyncio.create_task(self._run(), name=f"follow-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.consumer.stop()
+
+    async def __aenter__(self) -> TopicFollower:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=100)
+            for records in batches.values():
+                for record in records:
+                    self._apply(record)
+            async with self._progress:
+                self._progress.notify_all()
+
+    def _apply(self, record: ConsumerRecord) -> None:
+        try:
+            event = self.codec.decode(record.value)
+        except SchemaError as exc:
+            # A read model skips what it cannot read; the role that consumes the topic dead-letters it.
+            log.warning("undecodable record skipped", follower=self.name, topic=record.topic,
+                        partition=record.partition, offset=record.offset, error=str(exc)[:200])
+            return
+        try:
+            self.apply(event, record)
+        except Exception as exc:  # one bad event must not stop the read model
+            log.error("fold failed; event skipped", follower=self.name, topic=record.topic,
+                      partition=record.partition, offset=record.offset,
+                      error_class=type(exc).__name__, error=str(exc)[:300])
+        self.applied += 1
+
+    async def caught_up(self, topics: list[str], timeout_s: float = 30.0) -> None:
+        """Wait until the follower has read ``topics`` up to their current ends."""
+        ends = await self.consumer.end_offsets(
+            [TopicPartition(t, p) for t in topics for p in (self.consumer.partitions_for_topic(t) or {0})])
+
+        async def reached() -> bool:
+            assigned = self.consumer.assignment()
+            for tp, end in ends.items():
+                if end == 0:
+                    continue
+                if tp not in assigned or await self.consumer.position(tp) < end:
+                    return False
+            return True
+
+        async def wait() -> None:
+            while not await reached():
+                with contextlib.suppress(TimeoutError):  # re-check at least every second
+                    async with self._progress:
+                        await asyncio.wait_for(self._progress.wait(), 1.0)
+
+        try:
+            await asyncio.wait_for(wait(), timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"{self.name} did not catch up with {topics} in {timeout_s}s") from None

@@ -1,0 +1,327 @@
+"""The rollout role (RL): episodes in, PPO minibatches out, and the pace of sync RL.
+
+Consumer group ``rollout`` on the tenants' rollouts topics. Records are
+collected into episodes (``episodes.py``); evaluation sessions are left to the
+evaluator. When an iteration's episodes are in, each episode gets GAE
+advantages and returns (``tenants/advantages.py``), advantages are
+normalised over the iteration, and ``ppo_epochs`` shuffled passes of
+minibatches become GradientJobs in the tenant's training queue. The last one
+asks the optimizer to publish a version (and, on the last iteration, to
+complete the job). Sequences are ``iteration * SEQUENCE_STRIDE + index``, so
+a re-emission after a restart is recognised and skipped by the optimizer.
+
+sync: iteration k is the session ``<job>-it<k>``, pinned to one version. A
+reconcile loop requests iteration k+1 once the version trained on iteration k
+is published (its ``metrics["iteration"] == k``): collection never overlaps
+training, so a run is a deterministic function of the spec.
+
+async: ``envs`` sessions follow the latest version. Every
+``episodes_per_iteration`` finished episodes form an iteration; episodes
+collected with a version more than ``max_policy_lag`` behind the latest are
+dropped, not importance-corrected (PPO's clipped ratio already bounds the
+update; dropping keeps the bias explicit and is counted in the metrics).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import numpy as np
+from aiokafka.structs import ConsumerRecord
+
+from consumers.episodes import Episode, EpisodeCollector
+from consumers.follow import TopicFollower
+from consumers.loop import bind_record, make_consumer
+from consumers.master import compile as plan
+from consumers.service import Service
+from infra.errors import SchemaError
+from infra.logging import get_logger
+from infra.topics import tenant_topic
+from producers.client.spec import JobSpec
+from producers.producer import EventProducer
+from schemas import events as ev
+from schemas.codec import Codec
+from schemas.tensors import from_numpy, to_numpy
+from tenants.advantages import gae, normalize_advantages, ppo_minibatches
+
+__all__ = ["SEQUENCE_STRIDE", "RolloutRole", "iteration_jobs"]
+
+log = get_logger("consumers.rollout")
+GROUP = "rollout"
+SEQUENCE_STRIDE = 1_000_000
+
+
+def _proprio(record: ev.RolloutRecord, state_in_proprio: bool) -> np.ndarray:
+    obs = record.observation
+    parts = [to_numpy(obs.proprio).astype(np.float32)] if obs.proprio is not None else []
+    if state_in_proprio and obs.state is not None:
+        parts.append(to_numpy(obs.state).astype(np.float32))
+    return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+
+def iteration_jobs(
+    spec: JobSpec, iteration: int, episodes: list[Episode], producer: str, dropped: int = 0
+) -> list[ev.GradientJob]:
+    """The PPO minibatches of one iteration: a pure function of the spec and the episodes."""
+    rl = spec.rl
+    advantages, returns = [], []
+    for episode in episodes:
+        rewards = np.array([r.reward for r in episode.records])
+        values = np.array([r.value or 0.0 for r in episode.records])
+        adv, ret = gae(rewards, values, episode.records[-1].terminated, rl.gamma, rl.gae_lambda)
+        advantages.append(adv)
+        returns.append(ret)
+    records = [r for e in episodes for r in e.records]
+    adv = normalize_advantages(np.concatenate(advantages))
+    ret = np.concatenate(returns).astype(np.float32)
+    images = np.stack([to_numpy(r.observation.image) for r in records])
+    proprio = np.stack([_proprio(r, spec.env.state_in_proprio) for r in records])
+    actions = np.stack(
+        [to_numpy(r.action).astype(np.float32).reshape(spec.modules.chunk_len, -1) for r in records]
+    )
+    old_log_probs = np.array([r.log_prob or 0.0 for r in records], np.float32)
+    metrics = {
+        "iteration": float(iteration),
+        "episodes": float(len(episodes)),
+        "mean_return": float(np.mean([e.total_reward for e in episodes])),
+        "success_rate": float(np.mean([e.success for e in episodes])),
+        "mean_length": float(np.mean([len(e.records) for e in episodes])),
+        "dropped_stale_episodes": float(dropped),
+        "collected_version": float(min(r.policy_version for r in records)),
+    }
+    batches = ppo_minibatches(len(records), rl.minibatch_size, rl.ppo_epochs, spec.seed, iteration)
+    last_iteration = iteration == rl.iterations - 1
+    jobs = []
+    for j, idx in enumerate(batches):
+        last = j == len(batches) - 1
+        jobs.append(
+            ev.GradientJob(
+                envelope=ev.Envelope(tenant_id=spec.tenant, producer_id=producer, correlation_id=spec.job_id),
+                job_id=spec.job_id,
+                batch_id=f"{spec.job_id}/it{iteration}/mb{j}",
+                sequence=iteration * SEQUENCE_STRIDE + j,
+                policy_version=records[0].policy_version,
+                instructions=tuple(records[i].observation.instruction for i in idx),
+                images=from_numpy(images[idx]),
+                proprio=from_numpy(proprio[idx]),
+                targets={
+                    "actions": from_numpy(actions[idx]),
+                    "old_log_probs": from_numpy(old_log_probs[idx]),
+                    "advantages": from_numpy(adv[idx]),
+                    "returns": from_numpy(ret[idx]),
+                },
+                publish=last,
+                final=last and last_iteration,
+                needs_sequence=spec.modules.suffix,
+                metrics=metrics if last else {"iteration": float(iteration)},
+            )
+        )
+    return jobs
+
+
+class RolloutRole:
+    def __init__(self, service: Service, instance: str = "0"):
+        self.service = service
+        settings = self.settings = service.settings
+        self.producer_id = f"rollout/{instance}"
+        self.codec = Codec()
+        prefix = re.escape(settings.topic_prefix)
+        self.consumer = make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.rollouts$")
+        self.producer = EventProducer(settings, self.codec, client_id="rollout")
+        self.collector = EpisodeCollector()
+        self.published: dict[tuple[str, str], ev.PolicyVersionPublished] = {}  # (tenant, job) -> latest
+        self.latest: dict[str, int] = {}
+        self.versions = TopicFollower(
+            settings, rf"^{prefix}\.t\.[^.]+\.policy-versions$", self._on_version, name="rollout-versions"
+        )
+        self._async_iteration: dict[tuple[str, str], int] = {}
+        self._async_buffer: dict[tuple[str, str], list[Episode]] = {}
+        self._emitted: set[str] = set()  # sync session ids already turned into gradient jobs
+
+    def _on_version(self, event: ev.Event, record: ConsumerRecord) -> None:
+        if isinstance(event, ev.PolicyVersionPublished) and event.tenant_id:
+            self.published[(event.tenant_id, event.job_id)] = event
+            self.latest[event.tenant_id] = max(self.latest.get(event.tenant_id, 0), event.version)
+
+    async def start(self) -> None:
+        await self.versions.start()
+        await self.producer.start()
+        await self.consumer.start()
+
+    async def stop(self) -> None:
+        await self.consumer.stop()
+        await self.producer.stop()
+        await self.versions.stop()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            batches = await self.consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    await self._add(record)
+            await self._advance()
+            await self._pace()
+            offsets = {
+                tp: o for tp, o in self.collector.safe_offsets().items() if tp in self.consumer.assignment()
+            }
+            if offsets:
+                try:
+                    await self.consumer.commit(offsets)
+                except Exception as exc:  # a re-read is harmless (see episodes.py)
+                    log.warning("commit failed", error_class=type(exc).__name__)
+
+    async def _add(self, record: ConsumerRecord) -> None:
+        with bind_record("rollout", record):
+            try:
+                event = self.codec.decode(record.value)
+            except SchemaError as exc:
+                log.error("undecodable rollout record skipped", error=str(exc)[:200])
+                return
+            if isinstance(event, ev.RolloutRecord):
+                self.collector.add(record, event)
+
+    def _spec(self, tenant: str, session_id: str) -> JobSpec | None:
+        for state in self.service.book.of_tenant(tenant):
+            if session_id in state.sessions and state.kind == "RL":
+                return JobSpec.parse(state.spec_json)
+        return None
+
+    async def _advance(self) -> None:
+        """Turn finished iterations into gradient jobs."""
+        for session_id in self.collector.sessions():
+            episodes = self.collector.done_episodes(session_id)
+            if not episodes:
+                continue
+            tenant = episodes[0].records[0].tenant_id
+            state_kind = self._kind(tenant, session_id)
+            if state_kind == "EVAL":
+                self.collector.release(session_id)  # the evaluator's business
+                continue
+            spec = self._spec(tenant, session_id)
+            if spec is None:
+                continue  # the job book has not seen the session yet
+            if self.service.book.stopped(tenant, spec.job_id):
+                self.collector.release(session_id)
+                continue
+            if spec.rl.mode == "sync":
+                if len(episodes) >= spec.rl.episodes_per_iteration and session_id not in self._emitted:
+                    iteration = int(session_id.rsplit("-it", 1)[1])
+                    await self._emit(spec, iteration, episodes[: spec.rl.episodes_per_iteration])
+                    self._emitted.add(session_id)
+                    self.collector.release(session_id)
+            else:
+                await self._advance_async(spec, session_id, episodes)
+
+    def _kind(self, tenant: str, session_id: str) -> str | None:
+        for state in self.service.book.of_tenant(tenant):
+            if session_id in state.sessions:
+                return state.kind
+        return None
+
+    async def _advance_async(self, spec: JobSpec, session_id: str, episodes: list[Episode]) -> None:
+        key = (spec.tenant, spec.job_id)
+        self.collector.take(session_id, episodes)
+        lag = spec.limits.max_staleness if spec.limits.max_staleness is not None else spec.rl.max_policy_lag
+        latest = self.latest.get(spec.tenant, 0)
+        fresh = [e for e in episodes if latest - min(r.policy_version for r in e.records) <= lag]
+        buffer = self._async_buffer.setdefault(key, [])
+        buffer.extend(fresh)
+        dropped = len(episodes) - len(fresh)
+        if dropped:
+            log.info(
+                "stale episodes dropped",
+                tenant=spec.tenant,
+                job=spec.job_id,
+                dropped=dropped,
+                latest_version=latest,
+                max_lag=lag,
+            )
+        if key not in self._async_iteration:
+            last = self.published.get(key)
+            done = last.metrics.get("iteration") if last else None
+            self._async_iteration[key] = 0 if done is None else int(done) + 1
+        while (
+            len(buffer) >= spec.rl.episodes_per_iteration and self._async_iteration[key] < spec.rl.iterations
+        ):
+            take, buffer[:] = (
+                buffer[: spec.rl.episodes_per_iteration],
+                buffer[spec.rl.episodes_per_iteration :],
+            )
+            await self._emit(spec, self._async_iteration[key], take, dropped)
+            self._async_iteration[key] += 1
+        if self._async_iteration[key] >= spec.rl.iterations:
+            await self._close_async(spec)
+
+    async def _close_async(self, spec: JobSpec) -> None:
+        state = self.service.book.get(spec.tenant, spec.job_id)
+        for sid in state.open_sessions if state else []:
+            await self.producer.send(
+                tenant_topic(self.settings, spec.tenant, "sessions"),
+                ev.EnvSessionClosed(
+                    envelope=ev.Envelope(
+                        tenant_id=spec.tenant, producer_id=self.producer_id, correlation_id=spec.job_id
+                    ),
+                    session_id=sid,
+                    job_id=spec.job_id,
+                    reason="iterations done",
+                ),
+                key=sid,
+            )
+            self.collector.release(sid)
+
+    async def _emit(self, spec: JobSpec, iteration: int, episodes: list[Episode], dropped: int = 0) -> None:
+        jobs = await asyncio.to_thread(iteration_jobs, spec, iteration, episodes, self.producer_id, dropped)
+        topic = tenant_topic(self.settings, spec.tenant, "gradient-jobs")
+        for job in jobs:
+            await self.producer.enqueue(topic, job, key=spec.tenant)
+        await self.producer.flush()
+        metrics = jobs[-1].metrics
+        await self.producer.send(
+            tenant_topic(self.settings, spec.tenant, "status"),
+            ev.JobProgress(
+                envelope=ev.Envelope(
+                    tenant_id=spec.tenant, producer_id=self.producer_id, correlation_id=spec.job_id
+                ),
+                job_id=spec.job_id,
+                step=iteration + 1,
+                total_steps=spec.rl.iterations,
+                metrics=metrics,
+            ),
+            key=spec.tenant,
+        )
+        log.info(
+            "iteration collected",
+            tenant=spec.tenant,
+            job=spec.job_id,
+            iteration=iteration,
+            minibatches=len(jobs),
+            mean_return=round(metrics["mean_return"], 3),
+            success_rate=metrics["success_rate"],
+        )
+
+    async def _pace(self) -> None:
+        """sync RL: request iteration k+1 once the version trained on iteration k is out."""
+        for (tenant, job_id), state in list(self.service.book.jobs.items()):
+            if state.kind != "RL" or state.phase != "accepted" or self.service.book.stopped(tenant, job_id):
+                continue
+            spec = JobSpec.parse(state.spec_json)
+            if spec.rl.mode != "sync":
+                continue
+            requested = sum(1 for sid in state.sessions if sid.startswith(f"{job_id}-it"))
+            last = self.published.get((tenant, job_id))
+            trained = last.metrics.get("iteration") if last else None
+            if trained is None or int(trained) != requested - 1 or requested >= spec.rl.iterations:
+                continue
+            session = plan.iteration_session(spec, requested, last.version, self.producer_id)
+            await self.producer.send(
+                tenant_topic(self.settings, tenant, "sessions"), session, key=session.session_id
+            )
+            state.sessions.setdefault(session.session_id, "REQUESTED")  # until the book reads it back
+            log.info(
+                "next iteration requested",
+                tenant=tenant,
+                job=job_id,
+                iteration=requested,
+                policy_version=last.version,
+            )

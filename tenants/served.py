@@ -1,0 +1,35 @@
+"""A tenant's policy served outside the service: the backbone plus the tenant's modules, read-only."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from backbone.inputs import VLARequest
+from tenants.heads import ActorOutput
+from tenants.slot import TenantSlot
+
+__all__ = ["ServedPolicy"]
+
+
+class ServedPolicy:
+    def __init__(self, backbone, slot: TenantSlot):
+        self.backbone = backbone
+        self.slot = slot
+        slot.policy.eval()
+
+    @property
+    def version(self) -> int:
+        return self.slot.version
+
+    @torch.no_grad()
+    def act(self, images: Sequence[np.ndarray], instruction: str, proprio: np.ndarray | None = None,
+            deterministic: bool = True, seed: int = 0) -> np.ndarray:
+        """The action chunk ``[chunk, action_dim]`` for one observation."""
+        request = VLARequest(self.slot.tenant_id, list(images), instruction, proprio)
+        (feature,) = self.backbone.forward([self.backbone.prepare(request)])
+        out = self.slot.policy.act(feature, torch.Generator().manual_seed(seed), deterministic)
+        action = out.action if isinstance(out, ActorOutput) else out
+        return action[0].cpu().numpy()
