@@ -187,7 +187,8 @@ class InferenceRole:
         slot = await self._policy(tenant, version)
         feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio))
         generator = action_generator(session.action_seed, obs.episode_id, obs.step)
-        out = slot.policy.act(feature.detach(), generator, session.deterministic)
+        with torch.no_grad():
+            out = slot.policy.act(feature.detach(), generator, session.deterministic)
         if isinstance(out, ActorOutput):
             action, log_prob, value = out.action[0], float(out.log_prob[0]), float(out.value[0])
         else:

@@ -54,8 +54,10 @@ log = get_logger("consumers.optimizer")
 class _JobRun:
     """The slot of the job a worker is stepping, and what it has seen since the last publish."""
 
-    def __init__(self, spec: JobSpec, slot: TenantSlot, start_step: int, last_sequence: int):
+    def __init__(self, spec: JobSpec, slot: TenantSlot, start_step: int, last_sequence: int,
+                 total_steps: int | None = None):
         self.spec = spec
+        self.total_steps = total_steps
         self.slot = slot
         self.start_step = start_step
         self.last_sequence = last_sequence
@@ -171,7 +173,8 @@ class TenantOptimizer:
         self.log.info(
             "slot loaded", job=job_id, version=version, committed_offset=committed, resumed=bool(ours)
         )
-        self.run_ = _JobRun(spec, slot, start.step, last_sequence)
+        total = state.resources.get("total_steps")
+        self.run_ = _JobRun(spec, slot, start.step, last_sequence, int(total) if total else None)
         return self.run_
 
     def _envelope(self, job_id: str) -> ev.Envelope:
@@ -191,7 +194,7 @@ class TenantOptimizer:
         metrics = {**batch.metrics, **{f"train_{k}": v for k, v in means.items()}, "steps": float(run.steps)}
         rl = run.spec.kind == "rl"
         step = int(batch.metrics.get("iteration", 0)) + 1 if rl else run.steps
-        total = run.spec.rl.iterations if rl else None
+        total = run.spec.rl.iterations if rl else run.total_steps
         events: list[tuple[str, ev.Event]] = [
             (
                 "policy-versions",

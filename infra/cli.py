@@ -5,6 +5,9 @@
     joynexus replay TOPIC [window] [--json]   read events without touching any group
     joynexus schemas                          schema names and fingerprints
     joynexus roundtrip                        a short event round trip through the broker
+    joynexus up | run ROLE                    the service: all roles, or one
+    joynexus submit FILE [-f] | status | cancel   tenants' jobs
+    joynexus demo [--quick]                   3 RL + 1 SFT tenants on one backbone, then evaluations
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
 from infra.broker import LocalBroker
@@ -327,16 +331,29 @@ def dataset_feed(
 
 
 # ------------------------------------------------------------------------ roles
-ROLES = ("env",)
+@app.command()
+def up(
+    roles: Annotated[str, typer.Option(help="Comma-separated roles to host (default: all).")] = "",
+) -> None:
+    """Run every role (or the named ones) under one supervisor, one log stream, until Ctrl-C."""
+    from infra.supervisor import ROLES, run_roles
+
+    settings = _settings()
+    names = tuple(r.strip() for r in roles.split(",") if r.strip()) or ROLES
+    try:
+        asyncio.run(run_roles(settings, names))
+    except (JoynexusError, ValueError) as exc:
+        _fail(exc)
 
 
 @app.command()
 def run(
-    role: Annotated[str, typer.Argument(help=f"One of: {', '.join(ROLES)}.")],
-    worker_id: Annotated[str | None, typer.Option(help="Stable id for logs and progress records.")] = None,
+    role: Annotated[str, typer.Argument(help="master, env, inference, backbone-train, optimizer, rollout, "
+                                             "evaluator")],
+    worker_id: Annotated[str | None, typer.Option(help="env: stable id for logs.")] = None,
     step_timeout: Annotated[float, typer.Option(help="env: watchdog seconds per simulator call.")] = 30.0,
-    group: Annotated[str | None, typer.Option(help="Consumer group (default: the role's name).")] = None,
-    tenants: Annotated[str, typer.Option(help="Regex of the tenant ids to serve.")] = r"[^.]+",
+    group: Annotated[str | None, typer.Option(help="env: consumer group (default: env).")] = None,
+    tenants: Annotated[str, typer.Option(help="env: regex of the tenant ids to serve.")] = r"[^.]+",
 ) -> None:
     """Run one role in the foreground until Ctrl-C / SIGTERM."""
     settings = _settings()
@@ -344,8 +361,127 @@ def run(
         from consumers.env import run_env_role
 
         asyncio.run(run_env_role(settings, worker_id, step_timeout, group or "env", tenants))
-    else:
+        return
+    from infra.supervisor import ROLES, run_roles
+
+    if role not in ROLES:
         raise typer.BadParameter(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
+    asyncio.run(run_roles(settings, (role,)))
+
+
+# ------------------------------------------------------------------------ jobs
+def _job_row(state) -> tuple[str, ...]:
+    metrics = ", ".join(f"{k}={v:.4g}" for k, v in sorted(state.metrics.items())
+                        if k in ("mean_return", "success_rate", "train_loss", "steps"))
+    progress = f"{state.step}/{state.total_steps}" if state.total_steps else str(state.step)
+    return (state.tenant, state.job_id, state.kind, state.phase, progress, str(state.policy_version or "-"),
+            metrics or "-", (state.reason or "")[:80])
+
+
+@app.command()
+def submit(
+    file: Annotated[Path, typer.Argument(help="Job spec, YAML or JSON.")],
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Live progress until the end.")] = False,
+) -> None:
+    """Submit a job (sft, rl or eval) for a tenant."""
+    from producers.client.sdk import Client
+    from producers.client.spec import JobSpec, JobSpecInvalid
+
+    settings = _settings()
+    try:
+        spec = JobSpec.from_file(file)
+    except JobSpecInvalid as exc:
+        for loc, msg in exc.errors:
+            console.print(f"[red]{loc}[/red]: {msg}")
+        raise typer.Exit(2) from None
+
+    async def go() -> int:
+        async with Client(settings, requested_by="cli") as client:
+            handle = await client.submit(spec)
+            console.print(f"submitted {handle.job_id} for tenant {handle.tenant}")
+            if not follow:
+                return 0
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[info]}"), console=console) as progress:
+                bar = progress.add_task(handle.job_id, total=None, info="submitted")
+
+                def show(state) -> None:
+                    info = " ".join([state.phase] + [f"{k}={v:.3g}" for k, v in sorted(state.metrics.items())
+                                                     if k in ("mean_return", "success_rate", "train_loss")])
+                    progress.update(bar, completed=state.step, total=state.total_steps, info=info)
+
+                state = await client.follow(handle, show)
+            out.print(_jobs_table([state]))
+            return 0 if state.phase == "completed" else 1
+
+    raise typer.Exit(asyncio.run(go()))
+
+
+def _jobs_table(states) -> Table:
+    table = Table("tenant", "job", "kind", "phase", "progress", "version", "metrics", "reason")
+    for state in states:
+        table.add_row(*_job_row(state))
+    return table
+
+
+@app.command()
+def status(
+    job: Annotated[str | None, typer.Argument(help="A job id (default: every job of the tenant).")] = None,
+    tenant: Annotated[str | None, typer.Option("--tenant", "-t")] = None,
+) -> None:
+    """Jobs and their state, folded from the tenants' status topics."""
+    from consumers.jobbook import JobBook
+    from infra.topics import TopicAdmin
+
+    settings = _settings()
+
+    async def go() -> list:
+        async with TopicAdmin(settings) as admin:
+            tenants = [tenant] if tenant else await admin.tenants()
+        async with JobBook(settings) as book:
+            for t in tenants:
+                await book.sync(t)
+            states = [s for t in tenants for s in book.of_tenant(t)]
+        return [s for s in states if job is None or s.job_id == job]
+
+    states = asyncio.run(go())
+    if job and not states:
+        _fail(JoynexusError(f"no job {job!r}"))
+    out.print(_jobs_table(sorted(states, key=lambda s: (s.tenant, s.submitted_at or datetime.min))))
+
+
+@app.command()
+def cancel(
+    job: Annotated[str, typer.Argument(help="Job id.")],
+    tenant: Annotated[str, typer.Option("--tenant", "-t")],
+    reason: Annotated[str | None, typer.Option()] = None,
+) -> None:
+    """Ask the master to cancel a job; its sessions close and every role stops working on it."""
+    from producers.client.sdk import Client, JobHandle
+
+    settings = _settings()
+
+    async def go() -> None:
+        async with Client(settings, requested_by="cli") as client:
+            await client.cancel(JobHandle(tenant, job), reason)
+
+    asyncio.run(go())
+    console.print(f"cancel requested for {job} of {tenant}")
+
+
+@app.command()
+def demo(
+    quick: Annotated[bool, typer.Option("--quick", help="A smoke-test sized run (about 2 minutes).")] = False,
+    maniskill: Annotated[bool, typer.Option(help="Include the ManiSkill PushCube tenant.")] = True,
+) -> None:
+    """The paper's scenario: 3 RL tenants + 1 SFT tenant on one shared backbone, then evaluations."""
+    from infra.demo import run_demo
+
+    settings = _settings()
+    try:
+        asyncio.run(run_demo(settings, quick=quick, maniskill=maniskill, console=console))
+    except JoynexusError as exc:
+        _fail(exc)
 
 
 # --------------------------------------------------------------------- schemas

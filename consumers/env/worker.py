@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
+from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
 from consumers.env.session import SessionPorts, SessionRunner
@@ -251,18 +252,25 @@ class EnvWorker:
     # ------------------------------------------------------------------ rebalance
     async def _assign(self, assigned: set[TopicPartition]) -> None:
         for tp in assigned:
-            stream = _tenant_and_stream(tp.topic)[1]
-            if stream == "sessions":
-                end = (await self.consumer.end_offsets([tp]))[tp]
-                await self.consumer.seek_to_beginning(tp)
-                if end > 0:
-                    self._folding[tp] = end
-            else:
-                await self.consumer.seek_to_end(tp)
-                await self.consumer.position(tp)  # resolve "end" now, before any observation goes out
-                self._actions_ready.add(tp)
+            try:
+                await self._setup_partition(tp)
+            except IllegalStateError:
+                # New tenants' topics trigger rebalances back to back; a partition taken away while we
+                # awaited is set up by the assignment that follows, the others must still be set up now.
+                log.info("partition reassigned during setup", topic=tp.topic, partition=tp.partition)
         log.info("partitions assigned", worker=self.worker_id,
                  partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
+
+    async def _setup_partition(self, tp: TopicPartition) -> None:
+        if _tenant_and_stream(tp.topic)[1] == "sessions":
+            end = (await self.consumer.end_offsets([tp]))[tp]
+            await self.consumer.seek_to_beginning(tp)
+            if end > 0:
+                self._folding[tp] = end
+        else:
+            await self.consumer.seek_to_end(tp)
+            await self.consumer.position(tp)  # resolve "end" now, before any observation goes out
+            self._actions_ready.add(tp)
 
     async def _revoke(self, revoked: set[TopicPartition]) -> None:
         for sid, tp in list(self._home.items()):

@@ -15,7 +15,7 @@ from consumers.env.sim import make_simulator
 from infra.errors import ConfigError, JoynexusError
 from producers.client.spec import JobSpec
 from producers.dataset.feeder import FeedPlan
-from producers.dataset.format import Dataset, DatasetError
+from producers.dataset.format import Dataset, DatasetError, layout_batches
 from schemas import events as ev
 from tenants.config import HeadConfig, OptimConfig, PPOConfig, SuffixConfig, TenantConfig
 
@@ -126,6 +126,12 @@ def async_sessions(spec: JobSpec, producer: str) -> list[ev.EnvSessionRequested]
 def eval_session(spec: JobSpec, version: int, producer: str) -> ev.EnvSessionRequested:
     return _session(spec, f"{spec.job_id}-eval", EVAL_SEED_BASE + spec.seed * SEED_STRIDE,
                     spec.eval.episodes, version, True, producer)
+
+
+def sft_steps(spec: JobSpec, dataset: Dataset) -> int:
+    """Optimizer steps of an SFT job: batches per epoch x epochs, capped by limits.max_steps."""
+    total = len(layout_batches(dataset, spec.sft.batch_size, spec.seed, 0)) * spec.sft.epochs
+    return total if spec.limits.max_steps is None else min(total, spec.limits.max_steps)
 
 
 def feed_plan(spec: JobSpec, version: int, chunk_len: int) -> FeedPlan:

@@ -237,9 +237,11 @@ class Master:
         if spec.kind == "rl":
             dims = await asyncio.to_thread(plan.env_dims, spec)
         else:
-            dims, _ = await asyncio.to_thread(plan.dataset_dims, spec)
+            dims, dataset = await asyncio.to_thread(plan.dataset_dims, spec)
         config = plan.tenant_config(spec, service.backbone.hidden_size, dims)
         resources = {"action_dim": str(dims.action_dim), "proprio_dim": str(dims.proprio_dim)}
+        if spec.kind == "sft":
+            resources["total_steps"] = str(plan.sft_steps(spec, dataset))
         if spec.init_version is not None:
             if spec.init_version not in service.store.versions(tenant):
                 raise plan.CompileError("init_version", f"tenant {tenant} has no version {spec.init_version}")

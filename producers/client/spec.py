@@ -76,7 +76,7 @@ class ModulesSpec(_Section):
 
 
 class OptimSpec(_Section):
-    lr: float = Field(1e-3, gt=0, le=1.0)
+    lr: float = Field(3e-3, gt=0, le=1.0)
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float | None = Field(1.0, gt=0)
@@ -85,10 +85,12 @@ class OptimSpec(_Section):
 class RLSpec(_Section):
     iterations: int = Field(8, ge=1, le=100_000)
     episodes_per_iteration: int = Field(8, ge=1, le=10_000)
-    ppo_epochs: int = Field(4, ge=1, le=100)
+    # measured on Reach (8 episodes x 30 steps per iteration): 10 epochs and a short horizon learn
+    # within 10 iterations; gamma .99 / lambda .95 did not improve at all in that budget
+    ppo_epochs: int = Field(10, ge=1, le=100)
     minibatch_size: int = Field(64, ge=1, le=4096)
-    gamma: float = Field(0.97, gt=0, le=1)
-    gae_lambda: float = Field(0.95, ge=0, le=1)
+    gamma: float = Field(0.9, gt=0, le=1)
+    gae_lambda: float = Field(0.9, ge=0, le=1)
     clip_eps: float = Field(0.2, gt=0, le=1)
     value_coef: float = Field(0.5, ge=0)
     entropy_coef: float = Field(0.0, ge=0)

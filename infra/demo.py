@@ -1,0 +1,314 @@
+"""``joynexus demo``: the paper's scenario, 3 RL tenants + 1 SFT tenant on one shared backbone.
+
+1. the local broker (started if it is not running) and every role in this process;
+2. a Reach dataset recorded by the scripted expert (once; kept under JOYNEXUS_HOME/datasets);
+3. four jobs at once: PPO on the built-in Reach task (two tenants, different seeds), PPO on
+   ManiSkill PushCube-v1, SFT on the dataset, all through Kafka, sharing one backbone;
+4. per tenant, an evaluation of its first and its final policy version;
+5. a summary table, and a run directory with every job's metrics, the service's numbers and plots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from infra.logging import get_logger
+from infra.settings import Settings
+
+__all__ = ["run_demo", "scenario"]
+
+log = get_logger("infra.demo")
+
+
+def scenario(quick: bool, dataset: Path, maniskill: bool = True) -> list[dict[str, Any]]:
+    """The four job specs (tenant ids carry a run tag so reruns never collide)."""
+    steps = 20 if quick else 30
+    rl = {
+        "iterations": 3 if quick else 10,
+        "episodes_per_iteration": 4 if quick else 8,
+        "minibatch_size": 40 if quick else 64,
+        "ppo_epochs": 4 if quick else 10,
+    }
+    reach = {"env_id": "joynexus/Reach-v0", "max_episode_steps": steps}
+    specs = [
+        {"kind": "rl", "tenant": "reach-a", "seed": 1, "env": reach, "rl": rl, "optim": {"lr": 3e-3}},
+        {"kind": "rl", "tenant": "reach-b", "seed": 2, "env": reach, "rl": rl, "optim": {"lr": 3e-3}},
+        {
+            "kind": "sft",
+            "tenant": "sft-reach",
+            "seed": 3,
+            "dataset": {"path": str(dataset)},
+            "sft": {"epochs": 2 if quick else 6, "batch_size": 32, "publish_every": 10},
+            "optim": {"lr": 1e-3},
+        },
+    ]
+    if maniskill:
+        push = {"env_id": "PushCube-v1", "max_episode_steps": steps, "image_size": 32}
+        specs.append(
+            {
+                "kind": "rl",
+                "tenant": "pushcube",
+                "seed": 4,
+                "env": push,
+                "rl": {**rl, "iterations": 2 if quick else 4},
+                "optim": {"lr": 3e-3},
+            }
+        )
+    return specs
+
+
+def eval_spec(train: dict[str, Any], version: int, episodes: int, tag: str) -> dict[str, Any]:
+    env = train.get("env") or {
+        "env_id": "joynexus/Reach-v0",
+        "obs_mode": "rgb",
+        "state_in_proprio": False,
+        "max_episode_steps": 30,
+    }
+    return {
+        "kind": "eval",
+        "tenant": train["tenant"],
+        "job_id": f"eval-{tag}-v{version}",
+        "seed": 7,
+        "env": env,
+        "eval": {"policy_version": version, "episodes": episodes},
+    }
+
+
+def ensure_dataset(settings: Settings, quick: bool) -> Path:
+    from producers.dataset.generate import generate_dataset
+
+    episodes = 20 if quick else 60
+    path = settings.home / "datasets" / f"reach-expert-{episodes}"
+    if not (path / "meta.json").exists():
+        generate_dataset(
+            "joynexus/Reach-v0",
+            path,
+            episodes,
+            seed=0,
+            obs_mode="rgb",
+            image_size=32,
+            max_episode_steps=30,
+            overwrite=True,
+            progress=False,
+        )
+    return path
+
+
+async def run_demo(
+    settings: Settings, quick: bool = False, maniskill: bool = True, console: Console | None = None
+) -> dict[str, Any]:
+    from consumers.service import Service
+    from infra.broker import LocalBroker
+    from infra.supervisor import Supervisor
+    from infra.topics import TopicAdmin
+    from producers.client.sdk import Client
+
+    console = console or Console()
+    if settings.bootstrap_servers is None and not LocalBroker(settings).ready():
+        console.print("starting the local Kafka broker...")
+        await asyncio.to_thread(LocalBroker(settings).up)
+    tag = datetime.now(UTC).strftime("%m%d%H%M%S")
+    run_dir = settings.run_dir / f"demo-{tag}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    dataset = await asyncio.to_thread(ensure_dataset, settings, quick)
+    specs = scenario(quick, dataset, maniskill)
+    for spec in specs:
+        spec["tenant"] = f"{spec['tenant']}-{tag}"
+        spec["job_id"] = f"train-{tag}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+    began = time.monotonic()
+    service = await Service.open(settings)
+    try:
+        async with Supervisor(service) as supervisor, Client(settings, requested_by="demo") as client:
+            states = await _train(client, specs, console)
+            evals = await _evaluate(client, specs, states, 4 if quick else 8, tag, console)
+            service_stats = _service_stats(service, supervisor, time.monotonic() - began)
+    finally:
+        await service.close()
+    summary = _summary(specs, states, evals, service_stats)
+    _write_run(run_dir, summary, states)
+    _print_summary(console, summary, run_dir)
+    return summary
+
+
+async def _follow_all(client, handles, console: Console, title: str) -> dict:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        bars = {h: progress.add_task(f"{title} {h.tenant}", total=None, info="submitted") for h in handles}
+
+        def update(handle):
+            def on_update(state) -> None:
+                metrics = state.metrics
+                info = state.phase
+                for name in ("mean_return", "train_l1", "success_rate"):
+                    if name in metrics:
+                        info += f" {name}={metrics[name]:.3f}"
+                progress.update(bars[handle], completed=state.step, total=state.total_steps, info=info)
+
+            return on_update
+
+        results = await asyncio.gather(*(client.follow(h, update(h), timeout_s=1800) for h in handles))
+    return dict(zip(handles, results, strict=True))
+
+
+async def _train(client, specs, console: Console) -> dict:
+    handles = [await client.submit(spec) for spec in specs]
+    return await _follow_all(client, handles, console, "train")
+
+
+async def _evaluate(client, specs, states, episodes: int, tag: str, console: Console) -> dict:
+    handles, owners = [], []
+    for spec in specs:
+        state = next(s for h, s in states.items() if h.tenant == spec["tenant"])
+        if state.phase != "completed":
+            continue
+        first = int(state.resources.get("start_version", "1"))
+        for version in sorted({first, state.policy_version}):
+            handles.append(await client.submit(eval_spec(spec, version, episodes, tag)))
+            owners.append((spec["tenant"], version))
+    results = await _follow_all(client, handles, console, "eval")
+    return {owner: results[h] for owner, h in zip(owners, handles, strict=True)}
+
+
+def _service_stats(service, supervisor, wall_s: float) -> dict[str, float]:
+    busy = service.gate.busy_fraction()
+    inference = supervisor.roles.get("inference")
+    train = supervisor.roles.get("backbone-train")
+    groups = list(inference.batcher.records) if inference else []
+    return {
+        "wall_s": wall_s,
+        "backbone_busy_inference": busy["inference"],
+        "backbone_busy_train": busy["train"],
+        "backbone_busy_total": busy["inference"] + busy["train"],
+        "inference_groups": float(len(groups)),
+        "inference_mean_group_size": sum(g.size for g in groups) / len(groups) if groups else 0.0,
+        "inference_mean_group_tenants": (
+            sum(len(set(g.tenants)) for g in groups) / len(groups) if groups else 0.0
+        ),
+        "train_forwards": float(train.groups if train else 0),
+        "train_mean_group_rows": train.mean_group_rows if train else 0.0,
+        "role_restarts": float(sum(supervisor.restarts.values())),
+    }
+
+
+def _summary(specs, states, evals, service_stats) -> dict[str, Any]:
+    tenants = []
+    for spec in specs:
+        state = next(s for h, s in states.items() if h.tenant == spec["tenant"])
+        history = state.history
+        row = {
+            "tenant": spec["tenant"],
+            "kind": spec["kind"],
+            "task": spec.get("env", {}).get("env_id", "dataset"),
+            "phase": state.phase,
+            "reason": state.reason,
+            "policy_version": state.policy_version,
+            "steps": state.metrics.get("steps"),
+            "final_loss": state.metrics.get("train_loss"),
+            "first_return": next((h["mean_return"] for h in history if "mean_return" in h), None),
+            "final_return": state.metrics.get("mean_return"),
+            "evals": {},
+        }
+        for (tenant, version), result in evals.items():
+            if tenant == spec["tenant"]:
+                row["evals"][version] = {"phase": result.phase, **result.metrics}
+        tenants.append(row)
+    return {"tenants": tenants, "service": service_stats}
+
+
+def _write_run(run_dir: Path, summary: dict[str, Any], states) -> None:
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    histories = {
+        h.tenant: {"job_id": h.job_id, "phase": s.phase, "history": s.history} for h, s in states.items()
+    }
+    (run_dir / "jobs.json").write_text(json.dumps(histories, indent=2, default=str))
+    try:
+        _plot(run_dir, histories)
+    except Exception as exc:  # a plot is a convenience; the numbers are in the JSON
+        log.warning("plotting failed", error=str(exc)[:200])
+
+
+def _plot(run_dir: Path, histories: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_ret, ax_loss) = plt.subplots(1, 2, figsize=(11, 4))
+    for tenant, job in histories.items():
+        rows = [h for h in job["history"] if "mean_return" in h and "train_loss" not in h]
+        if rows:
+            ax_ret.plot(
+                [h["iteration"] + 1 for h in rows], [h["mean_return"] for h in rows], marker="o", label=tenant
+            )
+        losses = [h for h in job["history"] if "train_loss" in h]
+        if losses:
+            ax_loss.plot(
+                [h["steps"] for h in losses], [h["train_loss"] for h in losses], marker=".", label=tenant
+            )
+    ax_ret.set(title="RL: mean episode return per iteration", xlabel="iteration", ylabel="return")
+    ax_loss.set(title="training loss at each published version", xlabel="optimizer step", ylabel="loss")
+    for ax in (ax_ret, ax_loss):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(run_dir / "curves.png", dpi=120)
+    plt.close(fig)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> None:
+    table = Table(
+        "tenant",
+        "kind",
+        "task",
+        "result",
+        "steps",
+        "final loss",
+        "return first->last",
+        "eval success (first->final)",
+        "eval return (first->final)",
+        "versions",
+        title="joynexus demo: per tenant",
+    )
+    for row in summary["tenants"]:
+        evals = [row["evals"][v] for v in sorted(row["evals"])]
+        success = " -> ".join(_fmt(e.get("success_rate"), 2) for e in evals) or "-"
+        ret = " -> ".join(_fmt(e.get("mean_return"), 2) for e in evals) or "-"
+        table.add_row(
+            row["tenant"],
+            row["kind"],
+            row["task"],
+            row["phase"] + (f" ({row['reason']})" if row["reason"] else ""),
+            _fmt(row["steps"], 0),
+            _fmt(row["final_loss"], 4),
+            f"{_fmt(row['first_return'], 2)} -> {_fmt(row['final_return'], 2)}",
+            success,
+            ret,
+            _fmt(row["policy_version"]),
+        )
+    console.print(table)
+    service = Table("service", "value", title="joynexus demo: shared backbone")
+    for name, value in summary["service"].items():
+        service.add_row(name, _fmt(value))
+    console.print(service)
+    console.print(f"run directory: {run_dir} (summary.json, jobs.json, curves.png)")
