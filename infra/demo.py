@@ -113,8 +113,7 @@ async def run_demo(
     from producers.client.sdk import Client
 
     console = console or Console()
-    if settings.bootstrap_servers is None and not LocalBroker(settings).ready():
-        console.print("starting the local Kafka broker...")
+    if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
         await asyncio.to_thread(LocalBroker(settings).up)
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
     run_dir = settings.run_dir / f"demo-{tag}"
@@ -126,6 +125,8 @@ async def run_demo(
         spec["job_id"] = f"train-{tag}"
     async with TopicAdmin(settings) as admin:
         await admin.ensure_shared()
+        for spec in specs:  # up front: every new topic set makes the pattern-subscribed groups rebalance
+            await admin.ensure_tenant(spec["tenant"])
     began = time.monotonic()
     service = await Service.open(settings)
     try:

@@ -99,6 +99,7 @@ class EnvWorker:
         self._runners: dict[str, asyncio.Task] = {}
         self._waiting: dict[tuple[str, str, int], asyncio.Future] = {}
         self._early: dict[tuple[str, str, int], ev.Action] = {}
+        self._set_up: set[TopicPartition] = set()  # positioned by _setup_partition since assigned
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
@@ -134,6 +135,7 @@ class EnvWorker:
                 # position, not the last record: transaction markers occupy offsets too
                 if tp not in self.consumer.assignment() or await self.consumer.position(tp) >= end:
                     del self._folding[tp]
+            await self._set_up_missed()
             await self._caught_up()
             for sid, task in list(self._runners.items()):
                 if task.done():
@@ -255,13 +257,23 @@ class EnvWorker:
             try:
                 await self._setup_partition(tp)
             except IllegalStateError:
+                self._set_up.discard(tp)
                 # New tenants' topics trigger rebalances back to back; a partition taken away while we
                 # awaited is set up by the assignment that follows, the others must still be set up now.
                 log.info("partition reassigned during setup", topic=tp.topic, partition=tp.partition)
         log.info("partitions assigned", worker=self.worker_id,
                  partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
+    async def _set_up_missed(self) -> None:
+        """Partitions a rebalance listener could not position (the assignment moved under it)."""
+        for tp in self.consumer.assignment() - self._set_up:
+            try:
+                await self._setup_partition(tp)
+            except IllegalStateError:
+                self._set_up.discard(tp)
+
     async def _setup_partition(self, tp: TopicPartition) -> None:
+        self._set_up.add(tp)
         if _tenant_and_stream(tp.topic)[1] == "sessions":
             end = (await self.consumer.end_offsets([tp]))[tp]
             await self.consumer.seek_to_beginning(tp)
@@ -283,6 +295,7 @@ class EnvWorker:
                 self._progress.pop(sid, None)
                 self._home.pop(sid, None)
         for tp in revoked:
+            self._set_up.discard(tp)
             self._folding.pop(tp, None)
             self._actions_ready.discard(tp)
             producer = self._txn.pop(tp, None)

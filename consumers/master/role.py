@@ -59,6 +59,7 @@ class Master:
         )
         self.producer = EventProducer(self.settings, client_id="master-reconcile")
         self.feeders: dict[tuple[str, str], asyncio.Task] = {}
+        self.fed: set[tuple[str, str]] = set()  # feeds this process ran to the end
         self._accepted: set[tuple[str, str]] = set()  # seen by this process before the book shows it
 
     async def start(self) -> None:
@@ -343,7 +344,8 @@ class Master:
             if limit and state.submitted_at and time.time() - state.submitted_at.timestamp() > limit:
                 await self._fail(state, "WallTimeExceeded", f"ran longer than limits.max_wall_time_s={limit}")
                 continue
-            if spec.kind == "sft" and key not in self.feeders and not state.cancel_requested:
+            idle = key not in self.feeders and key not in self.fed
+            if spec.kind == "sft" and idle and not state.cancel_requested:
                 self.feeders[key] = asyncio.create_task(self._feed(spec, state), name=f"feed-{spec.job_id}")
 
     async def _feed(self, spec: JobSpec, state: JobState) -> None:
@@ -354,6 +356,7 @@ class Master:
                 self.settings, dataset, plan.feed_plan(spec, version, spec.modules.chunk_len)
             )
             sent = await feeder.run()
+            self.fed.add((spec.tenant, spec.job_id))
             log.info(
                 "dataset feed complete", tenant=spec.tenant, job=spec.job_id, batches=sent, total=feeder.total
             )
