@@ -45,11 +45,11 @@ async def test_flushes_when_the_oldest_waited_t(backbones: dict[str, Backbone]) 
     async with batcher:
         tasks = [asyncio.create_task(batcher.submit(r)) for r in requests(3, words=4)]
         await _settle()
-        assert batcher.records == [] and batcher.pending() == 3  # below B, T not reached
+        assert not batcher.records and batcher.pending() == 3  # below B, T not reached
         clock.now += 0.049
         batcher.wake()
         await _settle()
-        assert batcher.records == []
+        assert not batcher.records
         clock.now += 0.002
         batcher.wake()
         await asyncio.gather(*tasks)
