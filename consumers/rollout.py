@@ -308,7 +308,8 @@ class RolloutRole:
             spec = JobSpec.parse(state.spec_json)
             if spec.rl.mode != "sync":
                 continue
-            requested = sum(1 for sid in state.sessions if sid.startswith(f"{job_id}-it"))
+            prefix = f"{plan.session_prefix(tenant, job_id)}-it"
+            requested = sum(1 for sid in state.sessions if sid.startswith(prefix))
             last = self.published.get((tenant, job_id))
             trained = last.metrics.get("iteration") if last else None
             if trained is None or int(trained) != requested - 1 or requested >= spec.rl.iterations:

@@ -2,7 +2,7 @@
 
 Everything is a pure function of the spec (plus what the environment or the
 dataset says about its widths), so the master, the rollout role and a replay
-all derive the same session ids, seeds and plans. Session ``<job>-it<k>`` is
+all derive the same session ids, seeds and plans. Session ``<tenant>.<job>-it<k>`` is
 RL iteration k; its episode e resets with ``train_seed(spec) + k * E + e``;
 evaluation episodes use seeds from ``EVAL_SEED_BASE`` on, never seen in training.
 """
@@ -19,8 +19,17 @@ from producers.dataset.format import Dataset, DatasetError, layout_batches
 from schemas import events as ev
 from tenants.config import HeadConfig, OptimConfig, PPOConfig, SuffixConfig, TenantConfig
 
-__all__ = ["EVAL_SEED_BASE", "Dims", "dataset_dims", "env_dims", "eval_session", "feed_plan",
-           "iteration_session", "rl_session_id", "tenant_config"]
+__all__ = [
+    "EVAL_SEED_BASE",
+    "Dims",
+    "dataset_dims",
+    "env_dims",
+    "eval_session",
+    "feed_plan",
+    "iteration_session",
+    "rl_session_id",
+    "tenant_config",
+]
 
 EVAL_SEED_BASE = 1 << 40
 SEED_STRIDE = 1 << 24  # episode seeds of one job: train_seed .. train_seed + SEED_STRIDE
@@ -45,8 +54,13 @@ def env_dims(spec: JobSpec) -> Dims:
     """Starts the simulator once to read its spec (blocking: call it in a thread)."""
     env = spec.env
     try:
-        sim = make_simulator(env.env_id, obs_mode=env.obs_mode, image_size=env.image_size,
-                             cameras=env.cameras, max_episode_steps=env.max_episode_steps)
+        sim = make_simulator(
+            env.env_id,
+            obs_mode=env.obs_mode,
+            image_size=env.image_size,
+            cameras=env.cameras,
+            max_episode_steps=env.max_episode_steps,
+        )
     except ConfigError as exc:
         raise CompileError("env", str(exc)) from exc
     except JoynexusError as exc:
@@ -75,20 +89,37 @@ def dataset_dims(spec: JobSpec) -> tuple[Dims, Dataset]:
 def tenant_config(spec: JobSpec, hidden_size: int, dims: Dims) -> TenantConfig:
     m, o = spec.modules, spec.optim
     rl = spec.rl
-    head = HeadConfig(kind=spec.head_kind, action_dim=dims.action_dim, chunk_len=m.chunk_len,
-                      proprio_dim=dims.proprio_dim, hidden=m.hidden, depth=m.depth,
-                      init_log_std=m.init_log_std)
+    head = HeadConfig(
+        kind=spec.head_kind,
+        action_dim=dims.action_dim,
+        chunk_len=m.chunk_len,
+        proprio_dim=dims.proprio_dim,
+        hidden=m.hidden,
+        depth=m.depth,
+        init_log_std=m.init_log_std,
+    )
     ppo = PPOConfig(rl.clip_eps, rl.value_coef, rl.entropy_coef) if rl else PPOConfig()
     return TenantConfig(
-        tenant_id=spec.tenant, hidden_size=hidden_size, head=head,
+        tenant_id=spec.tenant,
+        hidden_size=hidden_size,
+        head=head,
         suffix=SuffixConfig(lora_rank=m.lora_rank) if m.suffix else None,
-        optim=OptimConfig(lr=o.lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps,
-                          grad_clip=o.grad_clip),
-        ppo=ppo, seed=spec.seed)
+        optim=OptimConfig(
+            lr=o.lr, weight_decay=o.weight_decay, warmup_steps=o.warmup_steps, grad_clip=o.grad_clip
+        ),
+        ppo=ppo,
+        seed=spec.seed,
+    )
 
 
-def rl_session_id(job_id: str, iteration: int) -> str:
-    return f"{job_id}-it{iteration}"
+def session_prefix(tenant: str, job_id: str) -> str:
+    # Session ids key records in shared consumers (env, inference): they must be unique across
+    # tenants, and job ids are only unique within a tenant.
+    return f"{tenant}.{job_id}"
+
+
+def rl_session_id(tenant: str, job_id: str, iteration: int) -> str:
+    return f"{session_prefix(tenant, job_id)}-it{iteration}"
 
 
 def train_seed(spec: JobSpec) -> int:
@@ -99,33 +130,76 @@ def _envelope(spec: JobSpec, producer: str) -> ev.Envelope:
     return ev.Envelope(tenant_id=spec.tenant, producer_id=producer, correlation_id=spec.job_id)
 
 
-def _session(spec: JobSpec, session_id: str, seed: int, episodes: int | None, version: int | None,
-             deterministic: bool, producer: str) -> ev.EnvSessionRequested:
+def _session(
+    spec: JobSpec,
+    session_id: str,
+    seed: int,
+    episodes: int | None,
+    version: int | None,
+    deterministic: bool,
+    producer: str,
+) -> ev.EnvSessionRequested:
     env = spec.env
     return ev.EnvSessionRequested(
-        envelope=_envelope(spec, producer), session_id=session_id, job_id=spec.job_id,
-        env_id=env.env_id, obs_mode=env.obs_mode, image_size=env.image_size, cameras=env.cameras,
-        seed=seed, episodes=episodes, max_episode_steps=env.max_episode_steps, policy_version=version,
-        deterministic=deterministic, action_seed=spec.seed, state_in_proprio=env.state_in_proprio)
+        envelope=_envelope(spec, producer),
+        session_id=session_id,
+        job_id=spec.job_id,
+        env_id=env.env_id,
+        obs_mode=env.obs_mode,
+        image_size=env.image_size,
+        cameras=env.cameras,
+        seed=seed,
+        episodes=episodes,
+        max_episode_steps=env.max_episode_steps,
+        policy_version=version,
+        deterministic=deterministic,
+        action_seed=spec.seed,
+        state_in_proprio=env.state_in_proprio,
+    )
 
 
-def iteration_session(spec: JobSpec, iteration: int, version: int | None,
-                      producer: str) -> ev.EnvSessionRequested:
+def iteration_session(
+    spec: JobSpec, iteration: int, version: int | None, producer: str
+) -> ev.EnvSessionRequested:
     """RL iteration k (sync: pinned to the version it collects with)."""
     e = spec.rl.episodes_per_iteration
-    return _session(spec, rl_session_id(spec.job_id, iteration), train_seed(spec) + iteration * e, e,
-                    version, False, producer)
+    return _session(
+        spec,
+        rl_session_id(spec.tenant, spec.job_id, iteration),
+        train_seed(spec) + iteration * e,
+        e,
+        version,
+        False,
+        producer,
+    )
 
 
 def async_sessions(spec: JobSpec, producer: str) -> list[ev.EnvSessionRequested]:
     """Async RL: ``envs`` sessions that follow the latest version until the job closes them."""
-    return [_session(spec, f"{spec.job_id}-env{i}", train_seed(spec) + i * (SEED_STRIDE // spec.rl.envs),
-                     None, None, False, producer) for i in range(spec.rl.envs)]
+    return [
+        _session(
+            spec,
+            f"{session_prefix(spec.tenant, spec.job_id)}-env{i}",
+            train_seed(spec) + i * (SEED_STRIDE // spec.rl.envs),
+            None,
+            None,
+            False,
+            producer,
+        )
+        for i in range(spec.rl.envs)
+    ]
 
 
 def eval_session(spec: JobSpec, version: int, producer: str) -> ev.EnvSessionRequested:
-    return _session(spec, f"{spec.job_id}-eval", EVAL_SEED_BASE + spec.seed * SEED_STRIDE,
-                    spec.eval.episodes, version, True, producer)
+    return _session(
+        spec,
+        f"{session_prefix(spec.tenant, spec.job_id)}-eval",
+        EVAL_SEED_BASE + spec.seed * SEED_STRIDE,
+        spec.eval.episodes,
+        version,
+        True,
+        producer,
+    )
 
 
 def sft_steps(spec: JobSpec, dataset: Dataset) -> int:
@@ -136,7 +210,15 @@ def sft_steps(spec: JobSpec, dataset: Dataset) -> int:
 
 def feed_plan(spec: JobSpec, version: int, chunk_len: int) -> FeedPlan:
     sft = spec.sft
-    return FeedPlan(tenant=spec.tenant, job_id=spec.job_id, batch_size=sft.batch_size, epochs=sft.epochs,
-                    seed=spec.seed, chunk_len=chunk_len, policy_version=version,
-                    publish_every=sft.publish_every, needs_sequence=spec.modules.suffix,
-                    max_batches=spec.limits.max_steps)
+    return FeedPlan(
+        tenant=spec.tenant,
+        job_id=spec.job_id,
+        batch_size=sft.batch_size,
+        epochs=sft.epochs,
+        seed=spec.seed,
+        chunk_len=chunk_len,
+        policy_version=version,
+        publish_every=sft.publish_every,
+        needs_sequence=spec.modules.suffix,
+        max_batches=spec.limits.max_steps,
+    )
