@@ -307,6 +307,8 @@ def _print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> 
             ret,
             _fmt(row["policy_version"]),
         )
+    if not console.is_terminal:  # piped to a file: rich would squeeze the table to 80 columns
+        console = Console(width=200)
     console.print(table)
     service = Table("service", "value", title="joynexus demo: shared backbone")
     for name, value in summary["service"].items():

@@ -31,8 +31,11 @@ __all__ = [
     "tenant_config",
 ]
 
-EVAL_SEED_BASE = 1 << 40
-SEED_STRIDE = 1 << 24  # episode seeds of one job: train_seed .. train_seed + SEED_STRIDE
+# Simulators take seeds in [0, 2**32): training seeds live below 2**31, evaluation seeds above.
+# A job owns SEED_STRIDE consecutive seeds; spec seeds are folded into 2**15 such blocks.
+EVAL_SEED_BASE = 1 << 31
+SEED_STRIDE = 1 << 16
+SEED_BLOCKS = 1 << 15
 
 
 class CompileError(JoynexusError):
@@ -123,7 +126,7 @@ def rl_session_id(tenant: str, job_id: str, iteration: int) -> str:
 
 
 def train_seed(spec: JobSpec) -> int:
-    return spec.seed * SEED_STRIDE
+    return (spec.seed % SEED_BLOCKS) * SEED_STRIDE
 
 
 def _envelope(spec: JobSpec, producer: str) -> ev.Envelope:
@@ -194,7 +197,7 @@ def eval_session(spec: JobSpec, version: int, producer: str) -> ev.EnvSessionReq
     return _session(
         spec,
         f"{session_prefix(spec.tenant, spec.job_id)}-eval",
-        EVAL_SEED_BASE + spec.seed * SEED_STRIDE,
+        EVAL_SEED_BASE + train_seed(spec),
         spec.eval.episodes,
         version,
         True,
