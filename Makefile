@@ -4,10 +4,10 @@
 setup:
 	bash infra/setup.sh
 
-# Until the multi-tenant demo lands: start the local broker and run an event round trip.
+# The paper's scenario (3 RL + 1 SFT tenants on one backbone, then evaluations), smoke-test sized,
+# on the tiny preset unless JOYNEXUS_BACKBONE says otherwise. `joynexus demo` is the full-size run.
 demo: setup
-	.venv/bin/joynexus broker up
-	.venv/bin/joynexus roundtrip
+	JOYNEXUS_BACKBONE=$${JOYNEXUS_BACKBONE:-tiny} .venv/bin/joynexus demo --quick
 
 # The whole suite; it starts its own broker on free ports and stops it at the end.
 test: setup
