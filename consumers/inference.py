@@ -186,7 +186,10 @@ class InferenceRole:
             raise SchemaError(f"tenant {tenant} has no published policy version yet")
         slot = await self._policy(tenant, version)
         feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio))
-        generator = action_generator(session.action_seed, obs.episode_id, obs.step)
+        # keyed without the tenant prefix of the session id: the same job run by another tenant
+        # (the no-chaos comparison) draws the same noise
+        episode = obs.episode_id.removeprefix(f"{tenant}.")
+        generator = action_generator(session.action_seed, episode, obs.step)
         with torch.no_grad():
             out = slot.policy.act(feature.detach(), generator, session.deterministic)
         if isinstance(out, ActorOutput):
