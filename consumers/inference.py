@@ -50,9 +50,16 @@ log = get_logger("consumers.inference")
 GROUP = "inference"
 
 
-def action_generator(action_seed: int, episode_id: str, step: int) -> torch.Generator:
-    digest = hashlib.sha256(f"{action_seed}/{episode_id}/{step}".encode()).digest()
+def action_generator(action_seed: int, episode_seed: int | str, step: int) -> torch.Generator:
+    digest = hashlib.sha256(f"{action_seed}/{episode_seed}/{step}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def _episode_seed(session: ev.EnvSessionRequested, episode_id: str) -> int | str:
+    """Episode k of a session resets with seed + k: a function of the spec's seed only, so the same
+    spec run by another tenant, or under another job id, draws the same noise."""
+    _, _, k = episode_id.rpartition("/")
+    return session.seed + int(k) if k.isdigit() else episode_id
 
 
 class InferenceRole:
@@ -186,10 +193,7 @@ class InferenceRole:
             raise SchemaError(f"tenant {tenant} has no published policy version yet")
         slot = await self._policy(tenant, version)
         feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio))
-        # keyed without the tenant prefix of the session id: the same job run by another tenant
-        # (the no-chaos comparison) draws the same noise
-        episode = obs.episode_id.removeprefix(f"{tenant}.")
-        generator = action_generator(session.action_seed, episode, obs.step)
+        generator = action_generator(session.action_seed, _episode_seed(session, obs.episode_id), obs.step)
         with torch.no_grad():
             out = slot.policy.act(feature.detach(), generator, session.deterministic)
         if isinstance(out, ActorOutput):

@@ -91,7 +91,9 @@ def fold(state: JobState, event: ev.Event) -> JobState:
         case ev.EnvSessionRequested():
             state.sessions.setdefault(event.session_id, "REQUESTED")
         case ev.EnvSessionProgress():
-            state.sessions[event.session_id] = event.status.value
+            # a closed or failed session stays so: a progress commit may land after the close
+            if state.sessions.get(event.session_id) not in ("CLOSED", "FAILED"):
+                state.sessions[event.session_id] = event.status.value
         case ev.EnvSessionClosed():
             if state.sessions.get(event.session_id) in (None, "REQUESTED", "RUNNING"):
                 state.sessions[event.session_id] = "CLOSED"

@@ -123,6 +123,7 @@ class JobSpec(_Section):
     tenant: str
     job_id: str = Field(default_factory=lambda: f"job-{uuid.uuid4().hex[:12]}", pattern=JOB_ID_PATTERN)
     backbone: str | None = None  # a preset name or checkpoint dir; must be the service's resident backbone
+    # seeds module init, episode resets and action noise; episode seeds repeat every 2**15 spec seeds
     seed: int = Field(0, ge=0, lt=2**31)
     init_version: int | None = Field(None, ge=1)  # sft/rl: continue from this version; None: fresh modules
     modules: ModulesSpec = ModulesSpec()
