@@ -1,0 +1,109 @@
+"""Helpers for the end-to-end service tests (tests/test_service.py): the whole service in this
+process (one Supervisor running every role), a tenant client, and small readers of the log."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from consumers.jobbook import JobState
+from consumers.service import Service
+from infra.settings import Settings
+from infra.supervisor import Supervisor
+from infra.topics import TopicAdmin, tenant_topic
+from producers.client.sdk import Client, JobHandle
+from schemas import events as ev
+from tests.helpers import read_topic
+
+# Small enough for a 2-core CI machine, big enough to exercise every role.
+SMALL_ENV: dict[str, Any] = {"max_episode_steps": 15}
+SMALL_RL: dict[str, Any] = {"iterations": 2, "episodes_per_iteration": 2, "minibatch_size": 16,
+                            "ppo_epochs": 1}
+FOLLOW_S = 240.0
+
+
+@dataclass
+class Stack:
+    """One running service: settings (fresh home, so a fresh policy store), roles, a client."""
+
+    settings: Settings
+    service: Service
+    supervisor: Supervisor
+    client: Client
+
+    @property
+    def store(self):
+        return self.service.store
+
+    def rl_spec(self, tenant: str, job_id: str, *, seed: int = 0, env: dict | None = None,
+                rl: dict | None = None, **extra: Any) -> dict[str, Any]:
+        return {"kind": "rl", "tenant": tenant, "job_id": job_id, "seed": seed,
+                "env": env or SMALL_ENV, "rl": rl or SMALL_RL, **extra}
+
+    async def run(self, spec: dict[str, Any], expect: str = "completed") -> JobState:
+        """Submit, follow until terminal, and check the terminal phase (with the reason if not)."""
+        job = await self.client.submit(spec)
+        state = await self.client.follow(job, timeout_s=FOLLOW_S)
+        assert state.phase == expect, f"{job.job_id} of {job.tenant}: {state.phase} ({state.reason})"
+        return state
+
+    async def follow(self, job: JobHandle, expect: str = "completed") -> JobState:
+        state = await self.client.follow(job, timeout_s=FOLLOW_S)
+        assert state.phase == expect, f"{job.job_id} of {job.tenant}: {state.phase} ({state.reason})"
+        return state
+
+    async def ensure_tenant(self, tenant: str) -> None:
+        async with TopicAdmin(self.settings) as admin:
+            await admin.ensure_tenant(tenant)
+
+    async def events(self, tenant: str, stream: str) -> list[ev.Event]:
+        return [r.event for r in await read_topic(self.settings, tenant_topic(self.settings, tenant, stream))
+                if r.event is not None]
+
+
+def iteration_returns(state: JobState) -> dict[int, float]:
+    """RL: mean_return of each iteration, from the job's progress history (rollout and optimizer
+    both report an iteration's collection metrics; they agree)."""
+    out: dict[int, float] = {}
+    for entry in state.history:
+        if "mean_return" in entry and "iteration" in entry:
+            it = int(entry["iteration"])
+            assert out.get(it, entry["mean_return"]) == entry["mean_return"], (it, entry, out)
+            out[it] = entry["mean_return"]
+    return dict(sorted(out.items()))
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (relative path -> hex), temp dirs included."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def held_out_return(policy, *, episodes: int, max_steps: int, first_seed: int = 1_000_000) -> float:
+    """Mean return of ``policy`` (a ServedPolicy from Client.load_policy) acting deterministically on
+    the built-in Reach task, on fixed episode seeds no training run uses: the same episodes for every
+    version, so two versions are compared pairwise, without sampling noise (blocking: use a thread)."""
+    import numpy as np
+
+    from consumers.env.sim import make_simulator
+
+    sim = make_simulator("joynexus/Reach-v0", obs_mode="rgb+state", image_size=32,
+                         max_episode_steps=max_steps)
+    try:
+        returns = []
+        for k in range(episodes):
+            obs, total = sim.reset(first_seed + k), 0.0
+            for _ in range(max_steps):
+                proprio = np.concatenate([obs.proprio, obs.state]).astype(np.float32)  # state_in_proprio
+                images = [obs.image] if obs.image.ndim == 3 else list(obs.image)
+                step = sim.step(policy.act(images, obs.instruction, proprio).reshape(-1))
+                total += step.reward
+                obs = step.obs
+                if step.terminated or step.truncated:
+                    break
+            returns.append(total)
+        return float(np.mean(returns))
+    finally:
+        sim.close()
