@@ -146,7 +146,7 @@ RL_MARGIN = 0.05  # THRESHOLD (RL): mean over seeds of (final - initial) held-ou
 
 
 async def test_rl_return_and_sft_loss_improve(stack: Stack, unique: str, reach_demos: Path) -> None:
-    # A fixed job id: the sampled actions depend on it (and the seed), so each run is one
+    # Fixed seeds: sampled actions depend on the spec's seed alone, so each run is one
     # reproducible draw, not a fresh one per test session.
     rl = {seed: await stack.client.submit(stack.rl_spec(
         f"rl-up{seed}-{unique}", "job-rl-improves", seed=seed, env=RL_ENV, rl=RL_IMPROVES,
@@ -183,8 +183,9 @@ async def test_rl_return_and_sft_loss_improve(stack: Stack, unique: str, reach_d
 # ---------------------------------------------------------------------------------------------- 4
 async def test_grouped_run_equals_run_alone(stack: Stack, unique: str, reach_demos: Path) -> None:
     """The "no chaos" claim: a job's checkpoints are a function of its spec alone (the tenant aside),
-    whoever shares the backbone's forwards with it. The same spec, job id included, runs for tenant
-    A alone, then for tenant B next to another RL tenant and an SFT tenant."""
+    whoever shares the backbone's forwards with it. The same spec (under another job id: ids must not
+    matter either) runs for tenant A alone, then for tenant B next to another RL tenant and an SFT
+    tenant."""
     rl = {"iterations": 2, "episodes_per_iteration": 3, "minibatch_size": 16, "ppo_epochs": 2}
     env = {"max_episode_steps": 15}
     alone_t, grouped_t = f"alone-{unique}", f"grouped-{unique}"
@@ -192,7 +193,7 @@ async def test_grouped_run_equals_run_alone(stack: Stack, unique: str, reach_dem
     alone = await stack.run(stack.rl_spec(alone_t, job_id, seed=7, env=env, rl=rl))
 
     jobs = [await stack.client.submit(spec) for spec in (
-        stack.rl_spec(grouped_t, job_id, seed=7, env=env, rl=rl),
+        stack.rl_spec(grouped_t, f"{job_id}-again", seed=7, env=env, rl=rl),
         stack.rl_spec(f"peer-{unique}", f"job-peer-{unique}", seed=8, env=env, rl=rl),
         sft_spec(f"sft-peer-{unique}", f"job-sft-peer-{unique}", reach_demos, epochs=15, batch_size=4,
                  publish_every=20),  # a long training backlog for the grouped tenant's minibatches
