@@ -21,10 +21,11 @@ from backbone.model import Backbone
 from consumers.jobbook import JobState
 from consumers.service import Service
 from infra.supervisor import Supervisor
+from infra.topics import tenant_topic
 from producers.client.sdk import Client, JobHandle
 from producers.dataset.generate import generate_dataset
 from schemas import events as ev
-from schemas.tensors import to_numpy
+from schemas.tensors import from_numpy, to_numpy
 from tests.helpers import wait_for
 from tests.service_helpers import SMALL_ENV, Stack, held_out_return, iteration_returns, tree_digest
 
@@ -265,3 +266,41 @@ async def test_evaluation_never_changes_the_store_and_pins_versions(stack: Stack
                  if isinstance(e, ev.RolloutRecord) and e.session_id == state.resources["sessions"]}
         assert acted == {pinned[name]}, (name, acted)  # every action came from the pinned version
     assert results["v1"].metrics == results["v1-again"].metrics  # deterministic: same seeds, same acts
+
+
+# ---------------------------------------------------------------------------------------------- 6
+def poisoned_job(job: JobState, batch: int = 8) -> ev.GradientJob:
+    """A well-formed PPO minibatch whose advantages are NaN (a broken producer upstream)."""
+    proprio = int(job.resources["proprio_dim"])
+    rng = np.random.default_rng(0)
+    return ev.GradientJob(
+        envelope=ev.Envelope(tenant_id=job.tenant, correlation_id=job.job_id), job_id=job.job_id,
+        batch_id=f"{job.job_id}/poison", sequence=0, policy_version=1,
+        instructions=("reach the red target",) * batch,
+        images=from_numpy(rng.integers(0, 255, (batch, 1, 32, 32, 3), dtype=np.uint8)),
+        proprio=from_numpy(np.zeros((batch, proprio), np.float32)),
+        targets={"actions": from_numpy(np.zeros((batch, 1, 2), np.float32)),
+                 "old_log_probs": from_numpy(np.zeros(batch, np.float32)),
+                 "advantages": from_numpy(np.full(batch, np.nan, np.float32)),
+                 "returns": from_numpy(np.zeros(batch, np.float32))},
+        publish=True)
+
+
+async def test_nan_loss_fails_that_tenant_alone(stack: Stack, unique: str) -> None:
+    good = await stack.client.submit(stack.rl_spec(f"calm-{unique}", f"job-calm-{unique}", seed=3))
+    bad = await stack.client.submit(stack.rl_spec(f"nan-{unique}", f"job-nan-{unique}", seed=2))
+
+    async def accepted() -> bool:
+        state = await stack.client.status(bad)
+        return state is not None and state.phase == "accepted"
+
+    await wait_for(accepted, timeout_s=60, what="the job to be accepted")
+    state = await stack.client.status(bad)
+    # ahead of the rollout role's first minibatch, which needs a whole iteration of episodes first
+    await stack.client.producer.send(tenant_topic(stack.settings, bad.tenant, "gradient-jobs"),
+                                     poisoned_job(state), key=bad.tenant)
+    failed = await stack.follow(bad, expect="failed")
+    assert "optimizer" in failed.reason and "NonFiniteLoss" in failed.reason, failed.reason
+    assert stack.store.versions(bad.tenant) == [1]  # the initial modules only: nothing poisoned was saved
+    await stack.follow(good)
+    assert stack.store.versions(good.tenant) == [1, 2, 3]
