@@ -210,7 +210,10 @@ class BackboneTrainRole:
             sequence=event.sequence,
             policy_version=event.policy_version,
             backbone_id=self.service.backbone.backbone_id,
-            features=feature_tensors(feature, event.needs_sequence),
+            features={
+                k: self.service.tensors.offload(t)
+                for k, t in feature_tensors(feature, event.needs_sequence).items()
+            },
             targets=event.targets,
             group_size=tenants,
             source_offset=job.record.offset,

@@ -54,8 +54,14 @@ log = get_logger("consumers.optimizer")
 class _JobRun:
     """The slot of the job a worker is stepping, and what it has seen since the last publish."""
 
-    def __init__(self, spec: JobSpec, slot: TenantSlot, start_step: int, last_sequence: int,
-                 total_steps: int | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        slot: TenantSlot,
+        start_step: int,
+        last_sequence: int,
+        total_steps: int | None = None,
+    ):
         self.spec = spec
         self.total_steps = total_steps
         self.slot = slot
@@ -136,7 +142,9 @@ class TenantOptimizer:
             return  # already applied: a re-emitted minibatch
         try:
             metrics = await asyncio.to_thread(
-                run.slot.train_step, to_feature(batch.features), targets_of(batch.targets)
+                run.slot.train_step,
+                to_feature({k: self.service.tensors.resolve(t) for k, t in batch.features.items()}),
+                targets_of(batch.targets),
             )
         except (NonFiniteLoss, TenantError, JoynexusError, ValueError) as exc:
             await self._fail(record, batch, exc)

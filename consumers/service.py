@@ -11,6 +11,7 @@ from backbone.gate import DeviceGate
 from backbone.model import Backbone, set_torch_threads
 from consumers.jobbook import JobBook
 from infra.settings import Settings
+from infra.tensor_store import TensorStore
 from tenants.policy_store import PolicyStore
 
 __all__ = ["Service", "load_backbone"]
@@ -31,13 +32,16 @@ class Service:
     backbone: Backbone
     store: PolicyStore
     book: JobBook
+    tensors: TensorStore
     gate: DeviceGate = field(default_factory=DeviceGate)
 
     @classmethod
     async def open(cls, settings: Settings, backbone: Backbone | None = None) -> Service:
         book = JobBook(settings)
         await book.start()
-        return cls(settings, backbone or load_backbone(settings), PolicyStore(settings.policy_dir), book)
+        tensors = TensorStore(settings.tensor_dir, settings.tensor_inline_max_bytes)
+        backbone = backbone or load_backbone(settings)
+        return cls(settings, backbone, PolicyStore(settings.policy_dir), book, tensors)
 
     async def close(self) -> None:
         await self.book.stop()

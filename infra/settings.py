@@ -86,6 +86,8 @@ class Settings(BaseSettings):
     inference_max_wait_ms: float = Field(5.0, ge=0, description="...or when the oldest waited T ms.")
     train_max_batch_jobs: int = Field(16, ge=1, description="Gradient jobs grouped into one forward.")
     policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
+    tensor_inline_max_bytes: int = Field(
+        256 * 1024, ge=0, description="Feature tensors above this size travel by reference (tensor store).")
 
     # --- logging
     log_level: str = "INFO"
@@ -109,6 +111,11 @@ class Settings(BaseSettings):
     def policy_dir(self) -> Path:
         """The policy store: every tenant's checkpoints (tenants/policy_store.py)."""
         return self.home / "policies"
+
+    @property
+    def tensor_dir(self) -> Path:
+        """The shared tensor store of large feature tensors (infra/tensor_store.py)."""
+        return self.home / "tensors"
 
     @property
     def run_dir(self) -> Path:

@@ -13,7 +13,9 @@ import torch
 from consumers.service import Service
 from infra.settings import Settings
 from infra.supervisor import Supervisor
+from infra.topics import tenant_topic
 from producers.client.sdk import Client
+from tests.helpers import read_topic
 
 RL: dict[str, Any] = {"iterations": 3, "episodes_per_iteration": 3, "minibatch_size": 10, "ppo_epochs": 3}
 
@@ -25,7 +27,8 @@ def _spec(tenant: str) -> dict[str, Any]:
 
 @pytest.fixture
 async def service(settings: Settings, backbones, tmp_path) -> Service:
-    local = settings.model_copy(update={"home": tmp_path, "backbone": "tiny"})
+    # every feature tensor by reference: the claim-check path is part of the bit-equality below
+    local = settings.model_copy(update={"home": tmp_path, "backbone": "tiny", "tensor_inline_max_bytes": 0})
     service = await Service.open(local, backbones["tiny"])
     yield service
     await service.close()
@@ -53,6 +56,8 @@ async def test_killed_optimizer_worker_resumes_bit_identical(service: Service, u
         state = await client.follow(job, timeout_s=240)
         killer.cancel()
     assert state.phase == "completed", state.reason
+    batches = [r.event for r in await read_topic(settings, tenant_topic(settings, job.tenant, "features"))]
+    assert batches and all(t.ref is not None and not t.data for b in batches for t in b.features.values())
     assert killed_at, "the worker was never killed mid-job: the test proved nothing"
     store = service.store
     assert store.versions(reference.tenant) == store.versions(job.tenant) == [1, 2, 3, 4]
