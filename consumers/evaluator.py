@@ -19,10 +19,11 @@ import numpy as np
 from consumers.episodes import Episode, EpisodeCollector
 from consumers.loop import make_consumer
 from consumers.service import Service
-from infra.errors import SchemaError
+from infra.errors import JoynexusError, SchemaError
 from infra.logging import get_logger
 from infra.topics import tenant_topic
 from producers.client.spec import JobSpec
+from producers.dataset.format import Dataset
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -53,6 +54,7 @@ class EvaluatorRole:
         self.producer = EventProducer(settings, self.codec, client_id="evaluator")
         self.collector = EpisodeCollector()
         self.completed = 0
+        self._scoring: dict[tuple[str, str], asyncio.Task] = {}
 
     async def start(self) -> None:
         await self.producer.start()
@@ -77,6 +79,7 @@ class EvaluatorRole:
                     if isinstance(event, ev.RolloutRecord):
                         self.collector.add(record, event)
             await self._advance()
+            self._score_datasets()
             offsets = {
                 tp: o for tp, o in self.collector.safe_offsets().items() if tp in self.consumer.assignment()
             }
@@ -85,6 +88,74 @@ class EvaluatorRole:
                     await self.consumer.commit(offsets)
                 except Exception as exc:  # a re-read only re-scores what is still held
                     log.warning("commit failed", error_class=type(exc).__name__)
+
+    def _score_datasets(self) -> None:
+        """Held-out dataset evaluations: no sessions, the evaluator scores them itself."""
+        for key, state in list(self.service.book.jobs.items()):
+            if state.kind != "EVAL" or state.phase != "accepted" or key in self._scoring:
+                continue
+            spec = JobSpec.parse(state.spec_json)
+            if spec.dataset is not None:
+                self._scoring[key] = asyncio.create_task(
+                    self._score(state, spec), name=f"score-{state.job_id}"
+                )
+
+    async def _score(self, state, spec: JobSpec) -> None:
+        version = int(state.resources["policy_version"])
+        envelope = ev.Envelope(
+            tenant_id=state.tenant, producer_id=self.producer_id, correlation_id=state.job_id
+        )
+        topic = tenant_topic(self.settings, state.tenant, "status")
+        try:
+            metrics = await asyncio.to_thread(self._action_error, state.tenant, version, spec)
+        except (JoynexusError, OSError, ValueError) as exc:
+            await self.producer.send(
+                topic,
+                ev.JobFailed(
+                    envelope=envelope,
+                    job_id=state.job_id,
+                    error_class=type(exc).__name__,
+                    reason=str(exc)[:2000],
+                    stage="evaluator",
+                ),
+                key=state.tenant,
+            )
+            return
+        metrics["policy_version"] = float(version)
+        await self.producer.send(
+            topic,
+            ev.JobCompleted(
+                envelope=envelope, job_id=state.job_id, final_policy_version=version, metrics=metrics
+            ),
+            key=state.tenant,
+        )
+        self.completed += 1
+        log.info(
+            "dataset evaluation complete",
+            tenant=state.tenant,
+            job=state.job_id,
+            version=version,
+            **{k: round(v, 4) for k, v in metrics.items()},
+        )
+
+    def _action_error(self, tenant: str, version: int, spec: JobSpec) -> dict[str, float]:
+        """Mean absolute error between the policy's deterministic chunks and the dataset's, on the
+        first ``eval.episodes`` episodes' samples (read-only: nothing is saved)."""
+        from tenants.served import ServedPolicy
+
+        dataset = Dataset(spec.dataset.path)
+        slot = self.service.store.restore(tenant, version).mount(self.service.backbone.device)
+        policy = ServedPolicy(self.service.backbone, slot)
+        chunk = slot.config.head.chunk_len
+        samples = int(dataset.offsets[min(spec.eval.episodes, dataset.num_episodes)])
+        errors, weights = [], []
+        for start in range(0, samples, 32):
+            batch = dataset.minibatch(np.arange(start, min(start + 32, samples)), chunk)
+            predicted = policy.act_batch(batch.images, batch.instructions, batch.proprio)
+            mask = batch.action_mask[..., None].astype(np.float64)
+            errors.append(float((np.abs(predicted - batch.actions) * mask).sum()))
+            weights.append(float(mask.sum() * batch.actions.shape[-1]))
+        return {"action_l1": sum(errors) / max(sum(weights), 1.0), "samples": float(samples)}
 
     async def _advance(self) -> None:
         for session_id in self.collector.sessions():

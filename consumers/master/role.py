@@ -199,8 +199,12 @@ class Master:
                 raise plan.CompileError(
                     "eval.policy_version", f"tenant {tenant} has no policy version {version or '(none yet)'}"
                 )
-            await asyncio.to_thread(plan.env_dims, spec)  # the env must start, before we accept
-            sessions = [plan.eval_session(spec, version, self.producer_id)]
+            if spec.env is not None:
+                await asyncio.to_thread(plan.env_dims, spec)  # the env must start, before we accept
+                sessions = [plan.eval_session(spec, version, self.producer_id)]
+            else:  # a held-out dataset: the evaluator scores it itself, no sessions
+                await asyncio.to_thread(plan.dataset_dims, spec)
+                sessions = []
             resources = {"policy_version": str(version)}
         else:
             version, config_outputs, resources = await self._initial_policy(spec)

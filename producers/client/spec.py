@@ -143,12 +143,14 @@ class JobSpec(_Section):
 
     @model_validator(mode="after")
     def _sections_fit_kind(self) -> JobSpec:
-        need = {"rl": ("env",), "sft": ("dataset",), "eval": ("env",)}[self.kind]
+        need = {"rl": ("env",), "sft": ("dataset",), "eval": ()}[self.kind]
         for name in need:
             if getattr(self, name) is None:
                 raise ValueError(f"a {self.kind} job needs an '{name}' section")
+        if self.kind == "eval" and (self.env is None) == (self.dataset is None):
+            raise ValueError("an eval job needs exactly one of 'env' (episodes) or 'dataset' (held out)")
         other = {"rl": ("dataset", "sft", "eval"), "sft": ("env", "rl", "eval"),
-                 "eval": ("dataset", "rl", "sft")}
+                 "eval": ("rl", "sft")}
         for name in other[self.kind]:
             if getattr(self, name) is not None:
                 raise ValueError(f"a {self.kind} job takes no '{name}' section")
