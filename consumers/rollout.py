@@ -61,7 +61,12 @@ def _proprio(record: ev.RolloutRecord, state_in_proprio: bool) -> np.ndarray:
 
 
 def iteration_jobs(
-    spec: JobSpec, iteration: int, episodes: list[Episode], producer: str, dropped: int = 0
+    spec: JobSpec,
+    iteration: int,
+    episodes: list[Episode],
+    producer: str,
+    dropped: int = 0,
+    latest: int | None = None,
 ) -> list[ev.GradientJob]:
     """The PPO minibatches of one iteration: a pure function of the spec and the episodes."""
     rl = spec.rl
@@ -88,6 +93,8 @@ def iteration_jobs(
         "success_rate": float(np.mean([e.success for e in episodes])),
         "mean_length": float(np.mean([len(e.records) for e in episodes])),
         "dropped_stale_episodes": float(dropped),
+        # async: the newest version when the iteration was formed (staleness is measured against it)
+        "latest_version": float(latest if latest is not None else min(r.policy_version for r in records)),
         "collected_version": float(min(r.policy_version for r in records)),
     }
     batches = ppo_minibatches(len(records), rl.minibatch_size, rl.ppo_epochs, spec.seed, iteration)
@@ -248,7 +255,7 @@ class RolloutRole:
                 buffer[: spec.rl.episodes_per_iteration],
                 buffer[spec.rl.episodes_per_iteration :],
             )
-            await self._emit(spec, self._async_iteration[key], take, dropped)
+            await self._emit(spec, self._async_iteration[key], take, dropped, latest)
             self._async_iteration[key] += 1
         if self._async_iteration[key] >= spec.rl.iterations:
             await self._close_async(spec)
@@ -270,8 +277,17 @@ class RolloutRole:
             )
             self.collector.release(sid)
 
-    async def _emit(self, spec: JobSpec, iteration: int, episodes: list[Episode], dropped: int = 0) -> None:
-        jobs = await asyncio.to_thread(iteration_jobs, spec, iteration, episodes, self.producer_id, dropped)
+    async def _emit(
+        self,
+        spec: JobSpec,
+        iteration: int,
+        episodes: list[Episode],
+        dropped: int = 0,
+        latest: int | None = None,
+    ) -> None:
+        jobs = await asyncio.to_thread(
+            iteration_jobs, spec, iteration, episodes, self.producer_id, dropped, latest
+        )
         topic = tenant_topic(self.settings, spec.tenant, "gradient-jobs")
         for job in jobs:
             await self.producer.enqueue(topic, job, key=spec.tenant)

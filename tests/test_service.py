@@ -332,3 +332,22 @@ async def test_dataset_evaluation_reports_action_error(stack: Stack, unique: str
     assert tree_digest(stack.settings.policy_dir) == before  # evaluation is read-only
     # THRESHOLD: after SFT the action error on its own demonstrations is lower than the initial modules'
     assert errors[("train", trained.policy_version)] < errors[("train", 1)], errors
+
+
+# ---------------------------------------------------------------------------------------------- 8
+async def test_async_rl_trains_while_collecting_and_closes_its_sessions(stack: Stack, unique: str) -> None:
+    rl = {"mode": "async", "envs": 2, "iterations": 3, "episodes_per_iteration": 2, "minibatch_size": 16,
+          "ppo_epochs": 1, "max_policy_lag": 1}
+    state = await stack.run(stack.rl_spec(f"async-{unique}", f"job-async-{unique}", seed=4, rl=rl))
+    iterations = [h for h in state.history if "collected_version" in h and "train_loss" not in h]
+    assert sorted(h["iteration"] for h in iterations) == [0.0, 1.0, 2.0], state.history
+    for h in iterations:
+        # no iteration trains on episodes more than max_policy_lag versions behind the newest one
+        assert h["latest_version"] - h["collected_version"] <= rl["max_policy_lag"], iterations
+    assert stack.store.versions(f"async-{unique}") == [1, 2, 3, 4]
+
+    async def closed() -> bool:
+        job = await stack.client.status(JobHandle(f"async-{unique}", f"job-async-{unique}"))
+        return job is not None and len(job.sessions) == 2 and not job.open_sessions
+
+    await wait_for(closed, timeout_s=60, what="the async sessions to close")
