@@ -16,9 +16,14 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from infra.errors import SchemaError
+from infra.logging import get_logger
 from schemas import events as ev
+from schemas.codec import Codec
 
-__all__ = ["Episode", "EpisodeCollector"]
+__all__ = ["Episode", "EpisodeCollector", "RolloutReader"]
+
+log = get_logger("consumers.episodes")
 
 
 @dataclass
@@ -97,3 +102,36 @@ class EpisodeCollector:
             for tp, offset in session.first_offset.items():
                 held[tp] = min(held[tp], offset)
         return {tp: min(read, held[tp]) if tp in held else read for tp, read in self._read.items()}
+
+
+class RolloutReader:
+    """A consumer of the rollouts topics feeding an ``EpisodeCollector``, committing only what the
+    collector no longer holds (the rollout role and the evaluator each run one, in their own group)."""
+
+    def __init__(self, consumer, codec: Codec):
+        self.consumer = consumer
+        self.codec = codec
+        self.collector = EpisodeCollector()
+
+    async def poll(self) -> None:
+        batches = await self.consumer.getmany(timeout_ms=200)
+        for records in batches.values():
+            for record in records:
+                try:
+                    event = self.codec.decode(record.value)
+                except SchemaError as exc:
+                    log.error("undecodable rollout record skipped", topic=record.topic,
+                              partition=record.partition, offset=record.offset, error=str(exc)[:200])
+                    continue
+                if isinstance(event, ev.RolloutRecord):
+                    self.collector.add(record, event)
+
+    async def commit(self) -> None:
+        owned = self.consumer.assignment()
+        offsets = {tp: o for tp, o in self.collector.safe_offsets().items() if tp in owned}
+        if not offsets:
+            return
+        try:
+            await self.consumer.commit(offsets)
+        except Exception as exc:  # a re-read is harmless: held records are read again, deduped downstream
+            log.warning("commit failed", error_class=type(exc).__name__)

@@ -16,10 +16,10 @@ import re
 
 import numpy as np
 
-from consumers.episodes import Episode, EpisodeCollector
+from consumers.episodes import Episode, RolloutReader
 from consumers.loop import make_consumer
 from consumers.service import Service
-from infra.errors import JoynexusError, SchemaError
+from infra.errors import JoynexusError
 from infra.logging import get_logger
 from infra.topics import tenant_topic
 from producers.client.spec import JobSpec
@@ -50,44 +50,28 @@ class EvaluatorRole:
         self.producer_id = f"evaluator/{instance}"
         self.codec = Codec()
         prefix = re.escape(settings.topic_prefix)
-        self.consumer = make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.rollouts$")
+        self.reader = RolloutReader(
+            make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.rollouts$"), self.codec
+        )
+        self.collector = self.reader.collector
         self.producer = EventProducer(settings, self.codec, client_id="evaluator")
-        self.collector = EpisodeCollector()
         self.completed = 0
         self._scoring: dict[tuple[str, str], asyncio.Task] = {}
 
     async def start(self) -> None:
         await self.producer.start()
-        await self.consumer.start()
+        await self.reader.consumer.start()
 
     async def stop(self) -> None:
-        await self.consumer.stop()
+        await self.reader.consumer.stop()
         await self.producer.stop()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            batches = await self.consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    try:
-                        event = self.codec.decode(record.value)
-                    except SchemaError as exc:
-                        log.error(
-                            "undecodable rollout record skipped", offset=record.offset, error=str(exc)[:200]
-                        )
-                        continue
-                    if isinstance(event, ev.RolloutRecord):
-                        self.collector.add(record, event)
+            await self.reader.poll()
             await self._advance()
             self._score_datasets()
-            offsets = {
-                tp: o for tp, o in self.collector.safe_offsets().items() if tp in self.consumer.assignment()
-            }
-            if offsets:
-                try:
-                    await self.consumer.commit(offsets)
-                except Exception as exc:  # a re-read only re-scores what is still held
-                    log.warning("commit failed", error_class=type(exc).__name__)
+            await self.reader.commit()
 
     def _score_datasets(self) -> None:
         """Held-out dataset evaluations: no sessions, the evaluator scores them itself."""
@@ -163,7 +147,7 @@ class EvaluatorRole:
             if not episodes:
                 continue
             tenant = episodes[0].records[0].tenant_id
-            state = next((s for s in self.service.book.of_tenant(tenant) if session_id in s.sessions), None)
+            state = self.service.book.job_of_session(tenant, session_id)
             if state is None:
                 continue  # not in the book yet
             if state.kind != "EVAL" or state.terminal or state.cancel_requested:

@@ -144,6 +144,10 @@ class JobBook:
         state = self.get(tenant, job_id)
         return state is not None and (state.terminal or state.cancel_requested)
 
+    def job_of_session(self, tenant: str, session_id: str) -> JobState | None:
+        """The job a session serves (None until the book has read the session's request)."""
+        return next((s for s in self.of_tenant(tenant) if session_id in s.sessions), None)
+
     def of_tenant(self, tenant: str) -> list[JobState]:
         return [s for (t, _), s in self.jobs.items() if t == tenant]
 

@@ -30,12 +30,11 @@ import re
 import numpy as np
 from aiokafka.structs import ConsumerRecord
 
-from consumers.episodes import Episode, EpisodeCollector
+from consumers.episodes import Episode, RolloutReader
 from consumers.follow import TopicFollower
-from consumers.loop import bind_record, make_consumer
+from consumers.loop import make_consumer
 from consumers.master import compile as plan
 from consumers.service import Service
-from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.topics import tenant_topic
 from producers.client.spec import JobSpec
@@ -134,9 +133,11 @@ class RolloutRole:
         self.producer_id = f"rollout/{instance}"
         self.codec = Codec()
         prefix = re.escape(settings.topic_prefix)
-        self.consumer = make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.rollouts$")
+        self.reader = RolloutReader(
+            make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.rollouts$"), self.codec
+        )
+        self.collector = self.reader.collector
         self.producer = EventProducer(settings, self.codec, client_id="rollout")
-        self.collector = EpisodeCollector()
         self.published: dict[tuple[str, str], ev.PolicyVersionPublished] = {}  # (tenant, job) -> latest
         self.latest: dict[str, int] = {}
         self.versions = TopicFollower(
@@ -154,45 +155,19 @@ class RolloutRole:
     async def start(self) -> None:
         await self.versions.start()
         await self.producer.start()
-        await self.consumer.start()
+        await self.reader.consumer.start()
 
     async def stop(self) -> None:
-        await self.consumer.stop()
+        await self.reader.consumer.stop()
         await self.producer.stop()
         await self.versions.stop()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            batches = await self.consumer.getmany(timeout_ms=200)
-            for records in batches.values():
-                for record in records:
-                    await self._add(record)
+            await self.reader.poll()
             await self._advance()
             await self._pace()
-            offsets = {
-                tp: o for tp, o in self.collector.safe_offsets().items() if tp in self.consumer.assignment()
-            }
-            if offsets:
-                try:
-                    await self.consumer.commit(offsets)
-                except Exception as exc:  # a re-read is harmless (see episodes.py)
-                    log.warning("commit failed", error_class=type(exc).__name__)
-
-    async def _add(self, record: ConsumerRecord) -> None:
-        with bind_record("rollout", record):
-            try:
-                event = self.codec.decode(record.value)
-            except SchemaError as exc:
-                log.error("undecodable rollout record skipped", error=str(exc)[:200])
-                return
-            if isinstance(event, ev.RolloutRecord):
-                self.collector.add(record, event)
-
-    def _spec(self, tenant: str, session_id: str) -> JobSpec | None:
-        for state in self.service.book.of_tenant(tenant):
-            if session_id in state.sessions and state.kind == "RL":
-                return JobSpec.parse(state.spec_json)
-        return None
+            await self.reader.commit()
 
     async def _advance(self) -> None:
         """Turn finished iterations into gradient jobs."""
@@ -201,13 +176,15 @@ class RolloutRole:
             if not episodes:
                 continue
             tenant = episodes[0].records[0].tenant_id
-            state_kind = self._kind(tenant, session_id)
-            if state_kind == "EVAL":
+            state = self.service.book.job_of_session(tenant, session_id)
+            if state is None:
+                continue  # the job book has not seen the session yet
+            if state.kind == "EVAL":
                 self.collector.release(session_id)  # the evaluator's business
                 continue
-            spec = self._spec(tenant, session_id)
-            if spec is None:
-                continue  # the job book has not seen the session yet
+            if state.kind != "RL":
+                continue  # the book has the session but not yet the job's kind
+            spec = JobSpec.parse(state.spec_json)
             if self.service.book.stopped(tenant, spec.job_id):
                 self.collector.release(session_id)
                 continue
@@ -219,12 +196,6 @@ class RolloutRole:
                     self.collector.release(session_id)
             else:
                 await self._advance_async(spec, session_id, episodes)
-
-    def _kind(self, tenant: str, session_id: str) -> str | None:
-        for state in self.service.book.of_tenant(tenant):
-            if session_id in state.sessions:
-                return state.kind
-        return None
 
     async def _advance_async(self, spec: JobSpec, session_id: str, episodes: list[Episode]) -> None:
         key = (spec.tenant, spec.job_id)
