@@ -20,7 +20,6 @@ with the same id fence each other; give each instance its own id.
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from consumers.loop import make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
-from infra.topics import shared_topic, tenant_topic
+from infra.topics import shared_topic, tenant_stream_pattern, tenant_topic
 from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
@@ -63,8 +62,9 @@ class BackboneTrainRole:
         settings = self.settings = service.settings
         self.instance = instance
         self.codec = Codec()
-        prefix = re.escape(settings.topic_prefix)
-        self.consumer = make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.gradient-jobs$")
+        self.consumer = make_consumer(
+            settings, GROUP, pattern=tenant_stream_pattern(settings, "gradient-jobs")
+        )
         self.producer = EventProducer(
             settings, self.codec, transactional_id=f"{GROUP}-{instance}", client_id=f"{GROUP}-{instance}"
         )

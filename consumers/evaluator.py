@@ -12,7 +12,6 @@ a slot for training and never writes to the policy store.
 from __future__ import annotations
 
 import asyncio
-import re
 
 import numpy as np
 
@@ -21,7 +20,7 @@ from consumers.loop import make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
-from infra.topics import tenant_topic
+from infra.topics import tenant_stream_pattern, tenant_topic
 from producers.client.spec import JobSpec
 from producers.dataset.format import Dataset
 from producers.producer import EventProducer
@@ -49,9 +48,8 @@ class EvaluatorRole:
         settings = self.settings = service.settings
         self.producer_id = f"evaluator/{instance}"
         self.codec = Codec()
-        prefix = re.escape(settings.topic_prefix)
         self.reader = RolloutReader(
-            make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.rollouts$"), self.codec
+            make_consumer(settings, GROUP, pattern=tenant_stream_pattern(settings, "rollouts")), self.codec
         )
         self.collector = self.reader.collector
         self.producer = EventProducer(settings, self.codec, client_id="evaluator")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 from collections import OrderedDict
 
 import numpy as np
@@ -35,7 +34,7 @@ from consumers.loop import bind_record, make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
 from infra.logging import get_logger
-from infra.topics import tenant_topic
+from infra.topics import tenant_stream_pattern, tenant_topic
 from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
@@ -68,8 +67,9 @@ class InferenceRole:
         settings = self.settings = service.settings
         self.instance = instance
         self.codec = Codec()
-        prefix = re.escape(settings.topic_prefix)
-        self.consumer = make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.observations$")
+        self.consumer = make_consumer(
+            settings, GROUP, pattern=tenant_stream_pattern(settings, "observations")
+        )
         self.producer = EventProducer(settings, self.codec, client_id="inference")
         self.batcher = GroupBatcher(
             service.backbone,
@@ -85,11 +85,14 @@ class InferenceRole:
         self.latest: dict[str, int] = {}  # tenant -> latest published version
         self._followers = [
             TopicFollower(
-                settings, rf"^{prefix}\.t\.[^.]+\.sessions$", self._on_session, name="inference-sessions"
+                settings,
+                tenant_stream_pattern(settings, "sessions"),
+                self._on_session,
+                name="inference-sessions",
             ),
             TopicFollower(
                 settings,
-                rf"^{prefix}\.t\.[^.]+\.policy-versions$",
+                tenant_stream_pattern(settings, "policy-versions"),
                 self._on_version,
                 name="inference-versions",
             ),

@@ -9,7 +9,6 @@ book and a restarted one rebuilds it from the log.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -17,7 +16,7 @@ from aiokafka.structs import ConsumerRecord
 
 from consumers.follow import TopicFollower
 from infra.settings import Settings
-from infra.topics import tenant_topic
+from infra.topics import tenant_stream_pattern, tenant_topic
 from schemas import events as ev
 
 __all__ = ["TERMINAL", "JobBook", "JobState", "fold"]
@@ -106,8 +105,7 @@ class JobBook:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.jobs: dict[tuple[str, str], JobState] = {}
-        prefix = re.escape(settings.topic_prefix)
-        self.follower = TopicFollower(settings, rf"^{prefix}\.t\.[^.]+\.(jobs|status|sessions)$",
+        self.follower = TopicFollower(settings, tenant_stream_pattern(settings, "jobs|status|sessions"),
                                       self._apply, name="jobbook")
 
     async def start(self) -> None:

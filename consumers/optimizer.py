@@ -38,7 +38,7 @@ from consumers.loop import bind_record, make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
-from infra.topics import tenant_topic
+from infra.topics import shared_topic, tenant_topic
 from producers.client.spec import JobSpec
 from producers.producer import EventProducer
 from schemas import events as ev
@@ -303,10 +303,12 @@ class OptimizerHost:
 
     def __init__(self, service: Service):
         self.service = service
-        prefix = re.escape(service.settings.topic_prefix)
         self.tenants: set[str] = set()
         self.follower = TopicFollower(
-            service.settings, rf"^{prefix}\.tenants$", self._on_tenant, name="optimizer-tenants"
+            service.settings,
+            rf"^{re.escape(shared_topic(service.settings, 'tenants'))}$",
+            self._on_tenant,
+            name="optimizer-tenants",
         )
         self.workers: dict[str, asyncio.Task] = {}
         self.live: dict[str, TenantOptimizer] = {}

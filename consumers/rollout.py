@@ -25,7 +25,6 @@ update; dropping keeps the bias explicit and is counted in the metrics).
 from __future__ import annotations
 
 import asyncio
-import re
 
 import numpy as np
 from aiokafka.structs import ConsumerRecord
@@ -36,7 +35,7 @@ from consumers.loop import make_consumer
 from consumers.master import compile as plan
 from consumers.service import Service
 from infra.logging import get_logger
-from infra.topics import tenant_topic
+from infra.topics import tenant_stream_pattern, tenant_topic
 from producers.client.spec import JobSpec
 from producers.producer import EventProducer
 from schemas import events as ev
@@ -132,16 +131,18 @@ class RolloutRole:
         settings = self.settings = service.settings
         self.producer_id = f"rollout/{instance}"
         self.codec = Codec()
-        prefix = re.escape(settings.topic_prefix)
         self.reader = RolloutReader(
-            make_consumer(settings, GROUP, pattern=rf"^{prefix}\.t\.[^.]+\.rollouts$"), self.codec
+            make_consumer(settings, GROUP, pattern=tenant_stream_pattern(settings, "rollouts")), self.codec
         )
         self.collector = self.reader.collector
         self.producer = EventProducer(settings, self.codec, client_id="rollout")
         self.published: dict[tuple[str, str], ev.PolicyVersionPublished] = {}  # (tenant, job) -> latest
         self.latest: dict[str, int] = {}
         self.versions = TopicFollower(
-            settings, rf"^{prefix}\.t\.[^.]+\.policy-versions$", self._on_version, name="rollout-versions"
+            settings,
+            tenant_stream_pattern(settings, "policy-versions"),
+            self._on_version,
+            name="rollout-versions",
         )
         self._async_iteration: dict[tuple[str, str], int] = {}
         self._async_buffer: dict[tuple[str, str], list[Episode]] = {}

@@ -10,6 +10,7 @@ Tenant ids follow ``infra.tenant_id`` (1-48 lowercase letters, digits, inner hyp
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -28,6 +29,7 @@ __all__ = [
     "TopicAdmin",
     "TopicSpec",
     "shared_topic",
+    "tenant_stream_pattern",
     "tenant_topic",
     "validate_tenant_id",
 ]
@@ -94,6 +96,12 @@ def tenant_topic(settings: Settings, tenant: str, stream: str) -> str:
     if stream not in {s.stream for s in TENANT_STREAMS}:
         raise TopicError(f"unknown tenant stream {stream!r}")
     return f"{settings.topic_prefix}.t.{tenant}.{stream}"
+
+
+def tenant_stream_pattern(settings: Settings, streams: str) -> str:
+    """Regex of every tenant's topics of ``streams`` (one stream, or alternatives ``a|b``): what
+    the shared roles subscribe to."""
+    return rf"^{re.escape(settings.topic_prefix)}\.t\.[^.]+\.(?:{streams})$"
 
 
 def shared_topic(settings: Settings, stream: str) -> str:

@@ -31,7 +31,7 @@ from consumers.service import Service
 from consumers.transform import TransformWorker
 from infra.errors import JoynexusError
 from infra.logging import get_logger
-from infra.topics import TopicAdmin, shared_topic, tenant_topic
+from infra.topics import TopicAdmin, shared_topic, tenant_stream_pattern, tenant_topic
 from producers.client.spec import JobSpec, JobSpecInvalid
 from producers.dataset.feeder import DatasetFeeder
 from producers.producer import EventProducer
@@ -49,11 +49,10 @@ class Master:
         self.service = service
         self.settings = service.settings
         self.producer_id = f"master/{instance}"
-        prefix = self.settings.topic_prefix.replace(".", r"\.")
         self.worker = TransformWorker(
             self.settings,
             group_id=GROUP,
-            pattern=rf"^{prefix}\.t\.[^.]+\.jobs$",
+            pattern=tenant_stream_pattern(self.settings, "jobs"),
             transform=self.transform,
             role="master",
         )
