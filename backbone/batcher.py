@@ -9,8 +9,9 @@ first, and runs ONE forward. Results go back to each request's own future, so
 nothing is lost or reordered. If a forward fails, each request of the group is
 retried alone, so only the culprit sees the error.
 
-The forward runs in a worker thread: the event loop (and any Kafka consumer
-on it) stays responsive. One forward at a time: the backbone is one device.
+The forward runs through ``backbone.grouped`` (in a worker thread, on the device
+gate's queue when one is given): the event loop stays responsive, and one forward
+runs at a time, because the backbone is one device.
 Each group is recorded (size, tenants, wait, busy time) for the utilisation report.
 """
 
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 
 from backbone.feature import VLAFeature
 from backbone.gate import DeviceGate
+from backbone.grouped import forward_grouped_on
 from backbone.inputs import BucketKey, Prepared, VLARequest
 from backbone.model import Backbone
 from infra.logging import get_logger
@@ -182,12 +184,9 @@ class GroupBatcher:
         if self.on_group:
             self.on_group(record)
 
-
     async def _forward(self, group: list[Prepared]) -> list[VLAFeature]:
-        if self.gate is None:
-            return await asyncio.to_thread(self.backbone.forward, group)
-        async with self.gate.use(self.queue):
-            return await asyncio.to_thread(self.backbone.forward, group)
+        features, _ = await forward_grouped_on(self.gate, self.queue, self.backbone, group)
+        return features
 
 
 def _resolve(future: asyncio.Future, value: VLAFeature) -> None:

@@ -27,7 +27,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from infra.demo import ensure_dataset, scenario
+from infra.runtime.demo import ensure_dataset, scenario
 from infra.settings import Settings
 
 
@@ -55,7 +55,7 @@ def _gate_snapshot(gate) -> dict[str, float]:
 async def main(full: bool, maniskill: bool) -> None:
     from consumers.service import Service
     from infra.broker import LocalBroker
-    from infra.supervisor import Supervisor
+    from infra.runtime.supervisor import Supervisor
     from producers.client.sdk import Client
 
     settings = Settings()

@@ -1,19 +1,7 @@
-"""Consumer-group services ("roles") and the loops they share: at-least-once with a DLQ,
-exactly-once consume-transform-produce, and group-less replay.
+"""The roles: consumer-group services, one per file or folder, on the bus plumbing in ``bus/``.
 
-Names are imported lazily, so ``consumers.env.sim`` (pure compute) does not pull in aiokafka.
+``master/`` jobs in, plans out; ``env/`` simulator sessions; ``inference`` grouped forwards to
+actions; ``rollout`` episodes to PPO minibatches; ``backbone_train`` gradient jobs to features;
+``optimizer`` features to policy versions; ``evaluator`` scores; ``convert`` events <-> tensors;
+``service`` what a role process shares; ``bus/`` the loops, DLQ, replay and episode reader.
 """
-
-from infra.lazy import lazy_getattr
-
-_EXPORTS = {
-    "Handler": "consumers.abc", "Output": "consumers.abc", "RecordContext": "consumers.abc",
-    "Transform": "consumers.abc",
-    "ConsumeLoop": "consumers.loop", "StartAt": "consumers.loop",
-    "ReplayedRecord": "consumers.replay", "replay": "consumers.replay",
-    "TransformWorker": "consumers.transform",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__ = lazy_getattr("consumers", _EXPORTS)

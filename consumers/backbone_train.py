@@ -20,7 +20,6 @@ with the same id fence each other; give each instance its own id.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,10 +28,11 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from backbone.feature import VLAFeature
+from backbone.grouped import forward_grouped_on
 from backbone.inputs import Prepared
+from consumers.bus.dlq import publish_dead_letter
+from consumers.bus.loop import make_consumer
 from consumers.convert import feature_tensors, gradient_job_requests
-from consumers.dlq import publish_dead_letter
-from consumers.loop import make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
@@ -177,24 +177,18 @@ class BackboneTrainRole:
 
     async def _forward(self, jobs: list[_Job]) -> dict[str, float]:
         """One forward per bucket over every job's rows; returns device-seconds per tenant."""
-        buckets: dict[object, list[tuple[_Job, int]]] = defaultdict(list)
-        for job in jobs:
-            for i, p in enumerate(job.prepared):
-                buckets[p.key].append((job, i))
+        rows = [(job, i) for job in jobs for i in range(len(job.prepared))]
+        features, forwards = await forward_grouped_on(
+            self.service.gate, "train", self.service.backbone, [job.prepared[i] for job, i in rows]
+        )
+        for (job, i), feature in zip(rows, features, strict=True):
+            job.features[i] = feature
         usage: dict[str, float] = defaultdict(float)
-        for key in sorted(buckets):
-            rows = buckets[key]
-            async with self.service.gate.use("train"):
-                began = time.perf_counter()
-                features = await asyncio.to_thread(
-                    self.service.backbone.forward, [job.prepared[i] for job, i in rows]
-                )
-                busy = time.perf_counter() - began
-            for (job, i), feature in zip(rows, features, strict=True):
-                job.features[i] = feature
-                usage[job.event.tenant_id] += busy / len(rows)
-            self.groups += 1
-            self.rows += len(rows)
+        for forward in forwards:
+            for r in forward.rows:
+                usage[rows[r][0].event.tenant_id] += forward.busy_s / len(forward.rows)
+        self.groups += len(forwards)
+        self.rows += len(rows)
         self.jobs += len(jobs)
         return usage
 

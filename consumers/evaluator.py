@@ -15,17 +15,18 @@ import asyncio
 
 import numpy as np
 
-from consumers.episodes import Episode, RolloutReader
-from consumers.loop import make_consumer
+from backbone.grouped import forward_grouped_on
+from consumers.bus.episodes import Episode, RolloutReader
+from consumers.bus.loop import make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
 from infra.topics import tenant_stream_pattern, tenant_topic
-from producers.client.spec import JobSpec
 from producers.dataset.format import Dataset
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
+from schemas.jobspec import JobSpec
 
 __all__ = ["EvaluatorRole", "episode_metrics"]
 
@@ -89,7 +90,7 @@ class EvaluatorRole:
         )
         topic = tenant_topic(self.settings, state.tenant, "status")
         try:
-            metrics = await asyncio.to_thread(self._action_error, state.tenant, version, spec)
+            metrics = await self._action_error(state.tenant, version, spec)
         except (JoynexusError, OSError, ValueError) as exc:
             await self.producer.send(
                 topic,
@@ -120,20 +121,26 @@ class EvaluatorRole:
             **{k: round(v, 4) for k, v in metrics.items()},
         )
 
-    def _action_error(self, tenant: str, version: int, spec: JobSpec) -> dict[str, float]:
+    async def _action_error(self, tenant: str, version: int, spec: JobSpec) -> dict[str, float]:
         """Mean absolute error between the policy's deterministic chunks and the dataset's, on the
-        first ``eval.episodes`` episodes' samples (read-only: nothing is saved)."""
+        first ``eval.episodes`` episodes' samples (read-only: nothing is saved). The backbone
+        forwards take the device gate's training queue, like any throughput work."""
         from tenants.served import ServedPolicy
 
+        backbone = self.service.backbone
         dataset = Dataset(spec.dataset.path)
-        slot = self.service.store.restore(tenant, version).mount(self.service.backbone.device)
-        policy = ServedPolicy(self.service.backbone, slot)
+        restored = await asyncio.to_thread(self.service.store.restore, tenant, version)
+        slot = restored.mount(backbone.device)
+        policy = ServedPolicy(backbone, slot)
         chunk = slot.config.head.chunk_len
         samples = int(dataset.offsets[min(spec.eval.episodes, dataset.num_episodes)])
         errors, weights = [], []
         for start in range(0, samples, 32):
             batch = dataset.minibatch(np.arange(start, min(start + 32, samples)), chunk)
-            predicted = policy.act_batch(batch.images, batch.instructions, batch.proprio)
+            prepared = await asyncio.to_thread(policy.prepare_batch, batch.images, batch.instructions,
+                                               batch.proprio)
+            features, _ = await forward_grouped_on(self.service.gate, "train", backbone, prepared)
+            predicted = policy.act_features(features)
             mask = batch.action_mask[..., None].astype(np.float64)
             errors.append(float((np.abs(predicted - batch.actions) * mask).sum()))
             weights.append(float(mask.sum() * batch.actions.shape[-1]))

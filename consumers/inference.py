@@ -28,11 +28,11 @@ import torch
 from aiokafka.structs import ConsumerRecord
 
 from backbone.batcher import BatcherConfig, GroupBatcher
+from consumers.bus.loop import bind_record, make_consumer
 from consumers.convert import observation_request
-from consumers.follow import TopicFollower
-from consumers.loop import bind_record, make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
+from infra.follow import TopicFollower
 from infra.logging import get_logger
 from infra.topics import tenant_stream_pattern, tenant_topic
 from producers.heartbeat import Heartbeater

@@ -32,17 +32,17 @@ from collections import defaultdict
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from consumers.bus.loop import bind_record, make_consumer
 from consumers.convert import targets_of, to_feature
-from consumers.follow import TopicFollower
-from consumers.loop import bind_record, make_consumer
 from consumers.service import Service
 from infra.errors import JoynexusError
+from infra.follow import TopicFollower
 from infra.logging import get_logger
 from infra.topics import shared_topic, tenant_topic
-from producers.client.spec import JobSpec
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
+from schemas.jobspec import JobSpec
 from tenants.errors import NonFiniteLoss, TenantError
 from tenants.slot import TenantSlot
 

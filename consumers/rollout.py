@@ -29,17 +29,17 @@ import asyncio
 import numpy as np
 from aiokafka.structs import ConsumerRecord
 
-from consumers.episodes import Episode, RolloutReader
-from consumers.follow import TopicFollower
-from consumers.loop import make_consumer
-from consumers.master import compile as plan
+from consumers.bus.episodes import Episode, RolloutReader
+from consumers.bus.loop import make_consumer
+from consumers.master import plan
 from consumers.service import Service
+from infra.follow import TopicFollower
 from infra.logging import get_logger
 from infra.topics import tenant_stream_pattern, tenant_topic
-from producers.client.spec import JobSpec
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
+from schemas.jobspec import JobSpec
 from schemas.tensors import from_numpy, to_numpy
 from tenants.advantages import gae, normalize_advantages, ppo_minibatches
 

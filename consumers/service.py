@@ -9,7 +9,7 @@ from pathlib import Path
 
 from backbone.gate import DeviceGate
 from backbone.model import Backbone, set_torch_threads
-from consumers.jobbook import JobBook
+from infra.jobbook import JobBook
 from infra.settings import Settings
 from infra.tensor_store import TensorStore
 from tenants.policy_store import PolicyStore

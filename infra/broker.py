@@ -11,6 +11,7 @@ formatted once and the cluster id is kept, so data survives ``down`` + ``up``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import base64
 import logging
 import os
@@ -77,6 +78,17 @@ async def _describe_cluster(bootstrap: str, timeout_ms: int = 3000) -> dict:
         await admin.close()
 
 
+def _run_blocking(coro):
+    """Run a coroutine to completion from sync code, also when the caller already runs an event
+    loop (then in a helper thread with a loop of its own: ``asyncio.run`` refuses a nested loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="broker-check") as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 class LocalBroker:
     """Fetch, format, start, check and stop the local single-node Kafka."""
 
@@ -140,7 +152,7 @@ class LocalBroker:
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)  # connection refusals are expected while polling
         try:
-            asyncio.run(_describe_cluster(self.bootstrap))
+            _run_blocking(_describe_cluster(self.bootstrap))
         except Exception:
             return False
         finally:

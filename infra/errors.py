@@ -14,8 +14,8 @@ caller can catch the whole family or one branch::
     ├── TopicError             topic provisioning conflicts (e.g. wrong partition count)
     ├── ProcessingError        a record failed its handler after all attempts
     ├── InvalidRequest         (backbone.inputs) a request the backbone cannot take; fails alone
-    ├── SimulatorError         (consumers.env.sim) a simulator raised, hung or returned garbage
-    ├── InvalidAction          (consumers.env.sim) an action/seed the simulator cannot take
+    ├── SimulatorError         (envs) a simulator raised, hung or returned garbage
+    ├── InvalidAction          (envs) an action/seed the simulator cannot take
     ├── DatasetError           (producers.dataset) a dataset that cannot be written or read
     │   └── DatasetCorrupt         checksum, size or shape mismatch (names the file)
     └── TenantError            (tenants.errors) a tenant's modules, slot or checkpoints

@@ -1,6 +1,6 @@
 """Lazy package exports: a package lists its public names and where they live, and a
 name's module is imported the first time the name is used. So ``import backbone.feature``
-does not import transformers, and ``consumers.env.sim`` does not import aiokafka.
+does not import transformers, and ``envs`` does not import aiokafka.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Settings(BaseSettings):
     # 0: the inference queue is latency-bound; under load the producer still batches
     # whatever accumulates while a request is in flight.
     producer_linger_ms: int = Field(0, ge=0)
-    # Handlers run CPU work in a thread (see consumers.loop), so the poll interval
+    # Handlers run CPU work in a thread (see consumers.bus.loop), so the poll interval
     # only needs to cover one batch of slow handlers, not the event loop's stalls.
     max_poll_interval_ms: int = 300_000
     session_timeout_ms: int = 30_000
@@ -55,7 +55,10 @@ class Settings(BaseSettings):
     max_poll_records: int = 200
 
     # --- topics
-    topic_prefix: str = "nexus"
+    topic_prefix: str = Field(
+        "nexus", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$",
+        description="First part of every topic name: lowercase letters, digits, hyphens; no dot, "
+        "because dots separate the parts of a name (infra/topics.py parses them).")
     partitions: int = Field(3, ge=1, description="Partitions of session-keyed and shared topics.")
     features_retention_ms: int = Field(
         3 * 24 * 3600 * 1000, description="Feature batches are derived data: kept 3 days by default."

@@ -4,7 +4,9 @@ Tenant-private streams are ``<prefix>.t.<tenant>.<stream>`` and shared ones
 ``<prefix>.<stream>`` (prefix ``nexus``). One topic per tenant and stream lets
 Kafka's prefixed ACLs, quotas, retention, replay and deletion work per tenant.
 
-Tenant ids follow ``infra.tenant_id`` (1-48 lowercase letters, digits, inner hyphens).
+Tenant ids follow ``infra.tenant_id`` (1-48 lowercase letters, digits, inner hyphens) and the
+prefix has no dot either (``Settings.topic_prefix``), so a name splits on dots unambiguously.
+This module is the only place that builds or parses topic names.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ __all__ = [
     "SHARED_STREAMS",
     "TENANT_STREAMS",
     "TopicAdmin",
+    "TopicName",
     "TopicSpec",
+    "parse_topic",
     "shared_topic",
+    "sibling_topic",
     "tenant_stream_pattern",
     "tenant_topic",
     "validate_tenant_id",
@@ -98,10 +103,37 @@ def tenant_topic(settings: Settings, tenant: str, stream: str) -> str:
     return f"{settings.topic_prefix}.t.{tenant}.{stream}"
 
 
-def tenant_stream_pattern(settings: Settings, streams: str) -> str:
-    """Regex of every tenant's topics of ``streams`` (one stream, or alternatives ``a|b``): what
-    the shared roles subscribe to."""
-    return rf"^{re.escape(settings.topic_prefix)}\.t\.[^.]+\.(?:{streams})$"
+def tenant_stream_pattern(settings: Settings, streams: str, tenants: str = r"[^.]+") -> str:
+    """Regex of the topics of ``streams`` (one stream, or alternatives ``a|b``) of every tenant
+    ``tenants`` matches (a regex; every tenant by default): what the shared roles subscribe to."""
+    return rf"^{re.escape(settings.topic_prefix)}\.t\.(?:{tenants})\.(?:{streams})$"
+
+
+@dataclass(frozen=True)
+class TopicName:
+    """A joynexus topic name taken apart; ``tenant`` is None for a shared stream."""
+
+    prefix: str
+    stream: str
+    tenant: str | None = None
+
+
+def parse_topic(topic: str) -> TopicName | None:
+    """``<prefix>.t.<tenant>.<stream>`` or ``<prefix>.<stream>``; None for any other name."""
+    parts = topic.split(".")
+    if len(parts) == 4 and parts[1] == "t":
+        return TopicName(parts[0], parts[3], parts[2])
+    if len(parts) == 2:
+        return TopicName(parts[0], parts[1])
+    return None
+
+
+def sibling_topic(topic: str, stream: str) -> str:
+    """The same tenant's topic of another stream (a sessions partition's actions topic)."""
+    name = parse_topic(topic)
+    if name is None or name.tenant is None:
+        raise TopicError(f"{topic!r} is not a tenant topic")
+    return f"{name.prefix}.t.{name.tenant}.{stream}"
 
 
 def shared_topic(settings: Settings, stream: str) -> str:
@@ -148,9 +180,8 @@ class TopicAdmin:
 
     async def tenants(self) -> list[str]:
         prefix = f"{self.settings.topic_prefix}.t."
-        names = {t[len(prefix):].split(".", 1)[0] for t in await self._admin.list_topics()
-                 if t.startswith(prefix)}
-        return sorted(names)
+        names = {parse_topic(t) for t in await self._admin.list_topics() if t.startswith(prefix)}
+        return sorted({n.tenant for n in names if n is not None and n.tenant})
 
     async def delete_tenant(self, tenant: str) -> list[str]:
         topics = await self.tenant_topics(tenant)

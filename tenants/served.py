@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from backbone.feature import VLAFeature
+from backbone.grouped import forward_grouped
 from backbone.inputs import VLARequest
 from tenants.heads import ActorOutput
 from tenants.slot import TenantSlot
@@ -41,24 +42,21 @@ class ServedPolicy:
         action = out.action if isinstance(out, ActorOutput) else out
         return action[0].cpu().numpy()
 
-    @torch.no_grad()
-    def act_batch(self, images: np.ndarray, instructions: Sequence[str], proprio: np.ndarray) -> np.ndarray:
-        """Deterministic action chunks ``[B, chunk, action_dim]`` for a batch of samples
-        (``images`` uint8 ``[B, cameras, H, W, 3]``): one backbone forward per bucket."""
-        prepared = [
-            self.backbone.prepare(
-                VLARequest(self.slot.tenant_id, list(images[i]), instructions[i], proprio[i])
-            )
-            for i in range(len(instructions))
+    def prepare_batch(self, images: np.ndarray, instructions: Sequence[str], proprio: np.ndarray) -> list:
+        """Backbone inputs for a batch of samples (``images`` uint8 ``[B, cameras, H, W, 3]``)."""
+        return [
+            self.backbone.prepare(VLARequest(self.slot.tenant_id, list(imgs), text, state))
+            for imgs, text, state in zip(images, instructions, proprio, strict=True)
         ]
-        rows: dict[int, VLAFeature] = {}
-        for key in sorted({p.key for p in prepared}):
-            members = [i for i, p in enumerate(prepared) if p.key == key]
-            for i, feature in zip(
-                members, self.backbone.forward([prepared[i] for i in members]), strict=True
-            ):
-                rows[i] = feature
-        feature = VLAFeature.cat([rows[i] for i in range(len(prepared))])
-        out = self.slot.policy.act(feature, torch.Generator(), True)
+
+    @torch.no_grad()
+    def act_features(self, features: Sequence[VLAFeature]) -> np.ndarray:
+        """Deterministic action chunks ``[B, chunk, action_dim]`` from per-sample features."""
+        out = self.slot.policy.act(VLAFeature.cat(features), torch.Generator(), True)
         action = out.action if isinstance(out, ActorOutput) else out
         return action.cpu().numpy()
+
+    def act_batch(self, images: np.ndarray, instructions: Sequence[str], proprio: np.ndarray) -> np.ndarray:
+        """Deterministic action chunks for a batch of samples: one backbone forward per bucket."""
+        prepared = self.prepare_batch(images, instructions, proprio)
+        return self.act_features(forward_grouped(self.backbone, prepared))

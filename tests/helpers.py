@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from consumers.replay import ReplayedRecord, replay
+from consumers.bus.replay import ReplayedRecord, replay
 from infra.settings import Settings
 
 

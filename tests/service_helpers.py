@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from consumers.jobbook import JobState
 from consumers.service import Service
+from infra.runtime.supervisor import Supervisor
 from infra.settings import Settings
-from infra.supervisor import Supervisor
 from infra.topics import TopicAdmin, tenant_topic
 from producers.client.sdk import Client, JobHandle
 from schemas import events as ev
+from schemas.jobstate import JobState
 from tests.helpers import read_topic
 
 # Small enough for a 2-core CI machine, big enough to exercise every role.
@@ -87,7 +87,7 @@ def held_out_return(policy, *, episodes: int, max_steps: int, first_seed: int = 
     version, so two versions are compared pairwise, without sampling noise (blocking: use a thread)."""
     import numpy as np
 
-    from consumers.env.sim import make_simulator
+    from envs import make_simulator
 
     sim = make_simulator("joynexus/Reach-v0", obs_mode="rgb+state", image_size=32,
                          max_episode_steps=max_steps)

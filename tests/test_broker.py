@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from consumers.abc import RecordContext
-from consumers.loop import ConsumeLoop
+from consumers.bus.loop import ConsumeLoop
+from consumers.bus.protocols import RecordContext
 from infra.broker import LocalBroker
 from infra.errors import BrokerError
 from infra.settings import Settings
@@ -67,6 +67,13 @@ async def test_up_is_idempotent_and_data_survives_down_up(own_broker: LocalBroke
     assert restarted.pid != first.pid
     assert own_broker.cluster_id_file.read_text() == cluster_id  # formatted once
     assert [r.event.sequence for r in await read_topic(settings, "test.durable")] == list(range(5))
+
+
+async def test_sync_api_works_inside_a_running_event_loop(broker: LocalBroker) -> None:
+    # Called straight from a coroutine (not via to_thread): asyncio.run would refuse to nest, and
+    # before the fix up() polled a readiness check that failed that way forever.
+    status = broker.up()
+    assert status.ready and broker.ready()
 
 
 async def test_stale_pid_file_is_cleaned(own_broker: LocalBroker) -> None:

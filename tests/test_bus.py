@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from aiokafka.structs import TopicPartition
 
-from consumers.abc import RecordContext
-from consumers.loop import ConsumeLoop, make_consumer
+from consumers.bus.loop import ConsumeLoop, make_consumer
+from consumers.bus.protocols import RecordContext
 from infra.settings import Settings
 from infra.topics import TopicAdmin
 from producers.producer import EventProducer
@@ -148,7 +148,7 @@ async def test_slow_sync_handler_does_not_starve_heartbeats(settings: Settings, 
 async def test_start_at_replays_a_group_from_an_offset_or_a_time(settings: Settings, unique: str) -> None:
     from datetime import UTC, datetime
 
-    from consumers.loop import StartAt
+    from consumers.bus.loop import StartAt
 
     topic = f"test.startat.{unique}"
     async with TopicAdmin(settings) as admin:

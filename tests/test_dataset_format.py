@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consumers.env.sim import make_simulator
+from envs import make_simulator
 from infra.errors import ConfigError
 from producers.dataset import (
     Dataset,

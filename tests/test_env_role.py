@@ -19,10 +19,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
 
-from consumers.abc import RecordContext
+from consumers.bus.loop import ConsumeLoop
+from consumers.bus.protocols import RecordContext
 from consumers.env import simulator_for
 from consumers.env.worker import EnvWorker
-from consumers.loop import ConsumeLoop
 from infra.settings import Settings
 from infra.topics import TopicAdmin, tenant_topic
 from producers.producer import EventProducer

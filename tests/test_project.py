@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import yaml
@@ -29,6 +30,8 @@ def test_one_kafka_version_everywhere() -> None:
 # The roles where compute meets the bus (the architecture page: "a role in consumers/ is the only
 # place where the two meet"); every other module of consumers/ is bus code.
 ROLE_MODULES = {"inference.py", "backbone_train.py", "optimizer.py", "convert.py", "service.py"}
+COMPUTE = ("backbone", "tenants", "envs")
+BUS = {"aiokafka", "faust", "kafka", "producers", "consumers"}
 
 
 def _imports(folder: str, skip: set[str] = frozenset()) -> set[str]:
@@ -45,13 +48,28 @@ def _imports(folder: str, skip: set[str] = frozenset()) -> set[str]:
 
 
 def test_compute_never_imports_kafka() -> None:
-    for folder in ("backbone", "tenants"):
-        assert not _imports(folder) & {"aiokafka", "faust", "kafka", "producers", "consumers"}, folder
+    for folder in COMPUTE:
+        assert not _imports(folder) & BUS, folder
+
+
+def test_producers_never_import_consumers() -> None:
+    assert "consumers" not in _imports("producers")
 
 
 def test_bus_never_imports_tensor_libraries() -> None:
     for folder in ("producers", "consumers", "schemas"):
         assert not _imports(folder, ROLE_MODULES) & {"torch", "transformers", "peft"}, folder
+    # the bus plumbing does not even reach compute: no role logic, no tensors
+    assert not _imports("consumers/bus") & {"backbone", "tenants", "envs", "torch"}
+
+
+def test_the_layering_check_sees_a_bad_import(tmp_path, monkeypatch) -> None:
+    # The rules above are only worth something if _imports finds what a rule forbids.
+    bad = tmp_path / "envs"
+    bad.mkdir()
+    (bad / "leak.py").write_text("def f():\n    from consumers.bus.loop import make_consumer\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert "consumers" in _imports("envs")
 
 
 def test_only_schemas_imports_avro() -> None:
@@ -69,7 +87,7 @@ def test_simulators_and_datasets_never_import_kafka() -> None:
     import subprocess
     import sys
 
-    probe = ("import sys, consumers.env.sim, producers.dataset.format, producers.dataset.generate; "
+    probe = ("import sys, envs, producers.dataset.format, producers.dataset.generate; "
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiokafka', 'faust')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

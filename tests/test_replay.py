@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from consumers.abc import RecordContext
-from consumers.loop import ConsumeLoop
+from consumers.bus.loop import ConsumeLoop
+from consumers.bus.protocols import RecordContext
 from infra.settings import Settings
 from infra.topics import TopicAdmin
 from producers.producer import EventProducer

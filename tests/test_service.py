@@ -18,13 +18,13 @@ import pytest_asyncio
 import torch
 
 from backbone.model import Backbone
-from consumers.jobbook import JobState
 from consumers.service import Service
-from infra.supervisor import Supervisor
+from infra.runtime.supervisor import Supervisor
 from infra.topics import tenant_topic
 from producers.client.sdk import Client, JobHandle
 from producers.dataset.generate import generate_dataset
 from schemas import events as ev
+from schemas.jobstate import JobState
 from schemas.tensors import from_numpy, to_numpy
 from tests.helpers import wait_for
 from tests.service_helpers import SMALL_ENV, Stack, held_out_return, iteration_returns, tree_digest

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from consumers.service import Service
+from infra.runtime.supervisor import Supervisor
 from infra.settings import Settings
-from infra.supervisor import Supervisor
 from infra.topics import tenant_topic
 from producers.client.sdk import Client
 from tests.helpers import read_topic

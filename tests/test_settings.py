@@ -24,3 +24,10 @@ def test_invalid_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("JOYNEXUS_BROKER_PORT", "70000")
     with pytest.raises(ValidationError, match="broker_port"):
         Settings(_env_file=None)
+
+
+@pytest.mark.parametrize("bad", ["a.b", "Nexus", "", "-x", "x" * 33, "ne_xus"])
+def test_topic_prefix_without_dots(bad: str) -> None:
+    # A dot in the prefix would make every topic name ambiguous to infra.topics.parse_topic.
+    with pytest.raises(ValidationError, match="topic_prefix"):
+        Settings(topic_prefix=bad, _env_file=None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumers.env.sim import InvalidAction, SimObs, SimStep, make_expert, make_simulator
-from consumers.env.sim.builtin import COLORS
+from envs import InvalidAction, SimObs, SimStep, make_expert, make_simulator
+from envs.builtin import COLORS
 
 BUILTIN = ["joynexus/Reach-v0", "joynexus/Push-v0"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consumers.env.sim import (
+from envs import (
     InvalidAction,
     IsolatedSimulator,
     SimulatorError,
@@ -18,7 +18,7 @@ from consumers.env.sim import (
     make_expert,
     make_simulator,
 )
-from consumers.env.sim.vulkan import probe_vulkan
+from envs.vulkan import probe_vulkan
 from infra.errors import ConfigError
 from tests.test_sim_builtin import assert_same_rollout, rollout
 

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from consumers.env.sim import make_expert, make_simulator
+from envs import make_expert, make_simulator
 from tests.test_sim_builtin import assert_same_rollout, rollout
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumers.env.sim import make_expert, make_simulator, vulkan_status
+from envs import make_expert, make_simulator, vulkan_status
 from tests.test_sim_builtin import assert_same_rollout, rollout, run_expert
 
 _status = vulkan_status()

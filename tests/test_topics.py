@@ -8,7 +8,17 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from infra.errors import InvalidTenantId, TopicError
 from infra.settings import Settings
-from infra.topics import TENANT_STREAMS, TopicAdmin, tenant_topic, validate_tenant_id
+from infra.topics import (
+    TENANT_STREAMS,
+    TopicAdmin,
+    TopicName,
+    parse_topic,
+    shared_topic,
+    sibling_topic,
+    tenant_stream_pattern,
+    tenant_topic,
+    validate_tenant_id,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -29,6 +39,23 @@ async def _configs(settings: Settings, topic: str) -> dict[str, str]:
 def test_invalid_tenant_ids_are_refused(bad: str) -> None:
     with pytest.raises(InvalidTenantId, match="invalid tenant id"):
         validate_tenant_id(bad)
+
+
+def test_topic_names_built_and_parsed_in_one_place() -> None:
+    import re
+
+    settings = Settings(topic_prefix="lab-1", _env_file=None)
+    name = tenant_topic(settings, "acme", "sessions")
+    assert parse_topic(name) == TopicName("lab-1", "sessions", "acme")
+    assert parse_topic(shared_topic(settings, "health")) == TopicName("lab-1", "health")
+    assert parse_topic("some.other.kind.of.topic") is None
+    assert sibling_topic(name, "actions") == tenant_topic(settings, "acme", "actions")
+    with pytest.raises(TopicError):
+        sibling_topic(shared_topic(settings, "health"), "actions")
+    pattern = re.compile(tenant_stream_pattern(settings, "sessions|actions", tenants="acme|bob"))
+    assert pattern.match(name) and pattern.match(tenant_topic(settings, "bob", "actions"))
+    assert not pattern.match(tenant_topic(settings, "carol", "actions"))
+    assert not pattern.match(tenant_topic(settings, "acme", "rollouts"))
 
 
 @pytest.mark.parametrize("good", ["acme", "a", "lab-7", "x" * 48, "0robot"])

@@ -9,8 +9,8 @@ import contextlib
 import pytest
 from aiokafka.errors import KafkaError
 
-from consumers.abc import Output, RecordContext
-from consumers.transform import TransformWorker
+from consumers.bus.protocols import Output, RecordContext
+from consumers.bus.transform import TransformWorker
 from infra.settings import Settings
 from infra.topics import TopicAdmin
 from producers.producer import EventProducer

@@ -1,6 +1,6 @@
 """The env role: simulator sessions of every tenant, on the bus (``joynexus run env``).
 
-``sim/`` holds the simulators (pure compute, no Kafka); ``session.py`` runs one
+The simulators are ``envs/`` (pure compute, no Kafka); ``session.py`` runs one
 session's episodes; ``worker.py`` is the consumer group that hosts sessions.
 """
 
@@ -25,8 +25,8 @@ def simulator_for(spec, isolation: str = "thread"):
     segfault or a hang in native code costs that process only; ``"thread"`` runs it in
     this process (faster; a hung native call can only be abandoned, not stopped).
     """
-    from consumers.env.sim import make_simulator
-    from consumers.env.sim.isolated import IsolatedSimulator
+    from envs import make_simulator
+    from envs.isolated import IsolatedSimulator
 
     kwargs = dict(obs_mode=spec.obs_mode, image_size=spec.image_size, cameras=spec.cameras,
                   max_episode_steps=spec.max_episode_steps)

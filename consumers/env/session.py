@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from consumers.env.sim.base import InvalidAction, SimObs, SimStep, Simulator
+from envs.base import InvalidAction, SimObs, SimStep, Simulator
 from infra.logging import get_logger
 from schemas import events as ev
 from schemas.tensors import from_numpy, to_numpy

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import socket
 import uuid
 from collections.abc import Callable
@@ -28,13 +27,13 @@ from aiokafka.coordinator.assignors.range import RangePartitionAssignor
 from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
+from consumers.bus.loop import make_consumer
 from consumers.env.session import SessionPorts, SessionRunner
-from consumers.env.sim.base import Simulator
-from consumers.loop import make_consumer
+from envs.base import Simulator
 from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
-from infra.topics import tenant_topic
+from infra.topics import parse_topic, sibling_topic, tenant_stream_pattern, tenant_topic
 from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
@@ -50,11 +49,6 @@ def progress_key(session_id: str) -> str:
     # Progress must survive compaction beside the request, so it has a key of its own
     # (and is sent to the request's partition explicitly).
     return f"{session_id}#progress"
-
-
-def _tenant_and_stream(topic: str) -> tuple[str, str]:
-    _, _, tenant, stream = topic.split(".", 3)
-    return tenant, stream
 
 
 class _Listener(ConsumerRebalanceListener):
@@ -81,10 +75,9 @@ class EnvWorker:
         self.step_timeout_s = step_timeout_s
         self.max_restarts = max_restarts
         self.codec = codec or Codec()
-        prefix = re.escape(settings.topic_prefix)
         self.group_id = group_id
         self.consumer = make_consumer(
-            settings, group_id, pattern=rf"^{prefix}\.t\.(?:{tenants})\.(sessions|actions)$",
+            settings, group_id, pattern=tenant_stream_pattern(settings, "sessions|actions", tenants),
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
         self.heartbeat = Heartbeater(settings, self.producer, "env", self.worker_id, details=self._health)
@@ -128,7 +121,7 @@ class EnvWorker:
         while not stop.is_set():
             batches = await self.consumer.getmany(timeout_ms=100)
             for tp, records in batches.items():
-                stream = _tenant_and_stream(tp.topic)[1]
+                stream = parse_topic(tp.topic).stream
                 for record in records:
                     self._dispatch(stream, tp, record)
             for tp, end in list(self._folding.items()):
@@ -190,7 +183,7 @@ class EnvWorker:
             tp = self._home[sid]
             if sid in self._runners or sid in self._closed or tp in self._folding:
                 continue
-            actions = TopicPartition(tp.topic.rsplit(".", 1)[0] + ".actions", tp.partition)
+            actions = TopicPartition(sibling_topic(tp.topic, "actions"), tp.partition)
             if tp not in self.consumer.assignment() or actions not in self._actions_ready:
                 continue  # a session runs only where its actions are consumed, from "now" on
             progress = self._progress.get(sid)
@@ -274,7 +267,7 @@ class EnvWorker:
 
     async def _setup_partition(self, tp: TopicPartition) -> None:
         self._set_up.add(tp)
-        if _tenant_and_stream(tp.topic)[1] == "sessions":
+        if parse_topic(tp.topic).stream == "sessions":
             end = (await self.consumer.end_offsets([tp]))[tp]
             await self.consumer.seek_to_beginning(tp)
             if end > 0:

@@ -1,4 +1,4 @@
-"""The master role (``joynexus run master``): validates and compiles jobs (``compile.py``,
+"""The master role (``joynexus run master``): validates and plans jobs (``plan.py``,
 no Kafka) and runs their lifecycle (``role.py``)."""
 
 from infra.lazy import lazy_getattr

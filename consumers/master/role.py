@@ -24,18 +24,18 @@ import contextlib
 import time
 from typing import Any
 
-from consumers.abc import Output, RecordContext
-from consumers.jobbook import JobState
-from consumers.master import compile as plan
+from consumers.bus.protocols import Output, RecordContext
+from consumers.bus.transform import TransformWorker
+from consumers.master import plan
 from consumers.service import Service
-from consumers.transform import TransformWorker
 from infra.errors import JoynexusError
 from infra.logging import get_logger
-from infra.topics import TopicAdmin, shared_topic, tenant_stream_pattern, tenant_topic
-from producers.client.spec import JobSpec, JobSpecInvalid
+from infra.topics import TopicAdmin, parse_topic, shared_topic, tenant_stream_pattern, tenant_topic
 from producers.dataset.feeder import DatasetFeeder
 from producers.producer import EventProducer
 from schemas import events as ev
+from schemas.jobspec import JobSpec, JobSpecInvalid
+from schemas.jobstate import JobState
 from tenants.slot import TenantSlot
 
 __all__ = ["Master"]
@@ -90,7 +90,7 @@ class Master:
         return Output(tenant_topic(self.settings, tenant, "status"), event, tenant)
 
     async def transform(self, event: ev.Event, ctx: RecordContext) -> list[Output]:
-        tenant = ctx.topic.split(".")[2]
+        tenant = parse_topic(ctx.topic).tenant
         if isinstance(event, ev.JobSubmitted):
             return await self._submitted(tenant, event)
         if isinstance(event, ev.JobCancelled):

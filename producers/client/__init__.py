@@ -1,9 +1,10 @@
-"""The tenant side: job specs (``spec.py``) and the client that submits and follows them (``sdk.py``)."""
+"""The tenant side: the client that submits and follows jobs (``sdk.py``); the job spec it sends is
+``schemas/jobspec.py``, re-exported here for convenience."""
 
 from infra.lazy import lazy_getattr
 
 __all__ = ["Client", "JobHandle", "JobSpec", "JobSpecInvalid"]
 
 __getattr__ = lazy_getattr(__name__, {"Client": "producers.client.sdk", "JobHandle": "producers.client.sdk",
-                                      "JobSpec": "producers.client.spec",
-                                      "JobSpecInvalid": "producers.client.spec"})
+                                      "JobSpec": "schemas.jobspec",
+                                      "JobSpecInvalid": "schemas.jobspec"})

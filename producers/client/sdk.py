@@ -20,13 +20,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from consumers.jobbook import JobBook, JobState
+from infra.jobbook import JobBook
 from infra.logging import get_logger
 from infra.settings import Settings
 from infra.topics import TopicAdmin, tenant_topic
-from producers.client.spec import JobSpec
 from producers.producer import EventProducer
 from schemas import events as ev
+from schemas.jobspec import JobSpec
+from schemas.jobstate import JobState
 
 __all__ = ["Client", "JobHandle"]
 

@@ -17,7 +17,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from consumers.env.sim import Expert, GuardedSimulator, make_expert, make_simulator
+from envs import Expert, GuardedSimulator, make_expert, make_simulator
 from infra.errors import ConfigError
 from infra.logging import get_logger
 from producers.dataset.format import DatasetError, DatasetHeader, DatasetMeta, DatasetWriter, Episode

@@ -12,8 +12,8 @@ import asyncio
 import sys
 import time
 
-from consumers.abc import Output, RecordContext
-from consumers.transform import TransformWorker
+from consumers.bus.protocols import Output, RecordContext
+from consumers.bus.transform import TransformWorker
 from infra.logging import configure_logging
 from infra.settings import Settings
 from schemas.events import Envelope, Event, Heartbeat

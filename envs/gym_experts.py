@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumers.env.sim.base import NoisyExpert, SimObs, Simulator
+from envs.base import NoisyExpert, SimObs, Simulator
 
 __all__ = ["PendulumExpert", "ReacherExpert"]
 

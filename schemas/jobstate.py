@@ -1,10 +1,10 @@
-"""The job book: every job's state as a fold over the tenants' jobs, status and sessions topics.
+"""A job's state as a fold over its events: the job model every role, the client and the CLI share.
 
 ``JobState`` is what ``joynexus status`` shows and what roles consult before
 spending work on a job (is it cancelled? which sessions are open?). ``fold``
-is a pure function of (state, event); ``JobBook`` keeps it current by
-following the topics from the beginning, so any process can build the same
-book and a restarted one rebuilds it from the log.
+is a pure function of (state, event): the same events in the same order give
+the same state, in any process (``infra/jobbook.py`` keeps one current from
+the log).
 """
 
 from __future__ import annotations
@@ -12,14 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from aiokafka.structs import ConsumerRecord
-
-from consumers.follow import TopicFollower
-from infra.settings import Settings
-from infra.topics import tenant_stream_pattern, tenant_topic
 from schemas import events as ev
 
-__all__ = ["TERMINAL", "JobBook", "JobState", "fold"]
+__all__ = ["TERMINAL", "JobState", "fold"]
 
 TERMINAL = frozenset({"rejected", "completed", "failed", "cancelled"})
 
@@ -97,59 +92,3 @@ def fold(state: JobState, event: ev.Event) -> JobState:
             if state.sessions.get(event.session_id) in (None, "REQUESTED", "RUNNING"):
                 state.sessions[event.session_id] = "CLOSED"
     return state
-
-
-class JobBook:
-    """Every job of every tenant, kept current from the log (``start`` / ``stop``)."""
-
-    def __init__(self, settings: Settings):
-        self.settings = settings
-        self.jobs: dict[tuple[str, str], JobState] = {}
-        self.follower = TopicFollower(settings, tenant_stream_pattern(settings, "jobs|status|sessions"),
-                                      self._apply, name="jobbook")
-
-    async def start(self) -> None:
-        await self.follower.start()
-
-    async def stop(self) -> None:
-        await self.follower.stop()
-
-    async def __aenter__(self) -> JobBook:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    def _apply(self, event: ev.Event, record: ConsumerRecord) -> None:
-        job_id = getattr(event, "job_id", None)
-        tenant = event.tenant_id
-        if job_id is None or tenant is None:
-            return
-        state = self.jobs.get((tenant, job_id)) or JobState(tenant, job_id)
-        self.jobs[(tenant, job_id)] = fold(state, event)
-
-    def get(self, tenant: str, job_id: str) -> JobState | None:
-        return self.jobs.get((tenant, job_id))
-
-    def find(self, job_id: str) -> JobState | None:
-        """A job by id alone (job ids are unique in practice; the newest match wins)."""
-        matches = [s for (_, j), s in self.jobs.items() if j == job_id]
-        return max(matches, key=lambda s: s.updated_at or datetime.min) if matches else None
-
-    def stopped(self, tenant: str, job_id: str) -> bool:
-        """True once the job is terminal or a cancel was asked for: stop spending work on it."""
-        state = self.get(tenant, job_id)
-        return state is not None and (state.terminal or state.cancel_requested)
-
-    def job_of_session(self, tenant: str, session_id: str) -> JobState | None:
-        """The job a session serves (None until the book has read the session's request)."""
-        return next((s for s in self.of_tenant(tenant) if session_id in s.sessions), None)
-
-    def of_tenant(self, tenant: str) -> list[JobState]:
-        return [s for (t, _), s in self.jobs.items() if t == tenant]
-
-    async def sync(self, tenant: str, timeout_s: float = 30.0) -> None:
-        """Wait until everything already written to the tenant's topics is in the book."""
-        await self.follower.caught_up([tenant_topic(self.settings, tenant, s)
-                                       for s in ("jobs", "status", "sessions")], timeout_s)

@@ -8,7 +8,7 @@ sends exactly those in its ``JobRejected``.
 
 What the spec cannot know by itself (the action and proprio widths of an
 environment or a dataset, the backbone's hidden size) the master fills in when
-it compiles the job (``consumers/master.py``).
+it compiles the job (``consumers/master/plan.py``).
 """
 
 from __future__ import annotations

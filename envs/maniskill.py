@@ -34,14 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from consumers.env.sim.base import SimObs, SimSpec, SimStep, SimulatorError
-from consumers.env.sim.options import SimOptions
+from envs.base import SimObs, SimSpec, SimStep, SimulatorError
+from envs.options import SimOptions
 from infra.errors import ConfigError
 from infra.logging import get_logger
 
 __all__ = ["MANISKILL_TASKS", "ManiSkillOptions", "ManiSkillSim", "ManiSkillTask"]
 
-log = get_logger("consumers.env.sim.maniskill")
+log = get_logger("envs.maniskill")
 
 VULKAN_HINT = ("SAPIEN found no Vulkan device: install Mesa's lavapipe from bookworm-backports "
                "(apt-get install -t bookworm-backports mesa-vulkan-drivers libvulkan1), see the README")

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from consumers.env.sim.base import SimObs, SimSpec, SimStep
-from consumers.env.sim.options import SimOptions
+from envs.base import SimObs, SimSpec, SimStep
+from envs.options import SimOptions
 from infra.errors import ConfigError
 
 __all__ = ["GYM_TASKS", "GymSim", "GymTask"]

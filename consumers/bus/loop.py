@@ -26,18 +26,19 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumers.abc import Handler, RecordContext
-from consumers.dlq import publish_dead_letter
+from consumers.bus.dlq import publish_dead_letter
+from consumers.bus.protocols import Handler, RecordContext
 from infra.errors import ProcessingError, SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
+from infra.topics import parse_topic
 from producers.producer import EventProducer
 from schemas.codec import Codec
 from schemas.events import Event
 
 __all__ = ["ConsumeLoop", "StartAt", "context_of", "invoke_with_retries", "make_consumer"]
 
-log = get_logger("consumers.loop")
+log = get_logger("consumers.bus.loop")
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,8 @@ def make_consumer(
 
 
 def tenant_of_topic(topic: str) -> str | None:
-    parts = topic.split(".")
-    return parts[2] if len(parts) >= 4 and parts[1] == "t" else None
+    name = parse_topic(topic)
+    return name.tenant if name else None
 
 
 def context_of(record: ConsumerRecord, group_id: str | None) -> RecordContext:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from consumers.env.sim.base import SimObs, SimSpec, SimStep
-from consumers.env.sim.canvas import Canvas, View
-from consumers.env.sim.options import SimOptions
+from envs.base import SimObs, SimSpec, SimStep
+from envs.canvas import Canvas, View
+from envs.options import SimOptions
 from infra.errors import ConfigError
 
 __all__ = ["AGENT_RADIUS", "BLOCK_RADIUS", "COLORS", "SPEED", "PlanarOptions", "PushSim", "ReachSim"]

@@ -1,4 +1,5 @@
-"""Simulators for the env role, behind one interface (``base.Simulator``); pure compute, no Kafka.
+"""Simulators behind one interface (``base.Simulator``): pure compute, no Kafka. The env role
+(``consumers/env``) hosts them as sessions on the bus; the dataset generator records their experts.
 
 ``make_simulator(env_id, obs_mode=..., image_size=..., max_episode_steps=..., cameras=...)``
 returns a ready simulator wrapped in ``GuardedSimulator`` (the contract: checked
@@ -15,7 +16,7 @@ actions and observations, episode limit, errors as ``SimulatorError``);
 costs only that process.
 """
 
-from consumers.env.sim.base import (
+from envs.base import (
     OBS_MODES,
     Expert,
     InvalidAction,
@@ -25,10 +26,10 @@ from consumers.env.sim.base import (
     Simulator,
     SimulatorError,
 )
-from consumers.env.sim.guard import GuardedSimulator
-from consumers.env.sim.isolated import IsolatedSimulator
-from consumers.env.sim.registry import ENVS, env_ids, make_expert, make_simulator
-from consumers.env.sim.vulkan import vulkan_available, vulkan_status
+from envs.guard import GuardedSimulator
+from envs.isolated import IsolatedSimulator
+from envs.registry import ENVS, env_ids, make_expert, make_simulator
+from envs.vulkan import vulkan_available, vulkan_status
 
 __all__ = [
     "ENVS",

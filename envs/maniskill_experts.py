@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from consumers.env.sim.base import SimObs, Simulator
+from envs.base import SimObs, Simulator
 
 __all__ = ["PickCubeExpert", "PullCubeExpert", "PushCubeExpert", "StackCubeExpert"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumers.env.sim.base import NoisyExpert, SimObs, Simulator
-from consumers.env.sim.builtin import AGENT_RADIUS, BLOCK_RADIUS, SPEED
+from envs.base import NoisyExpert, SimObs, Simulator
+from envs.builtin import AGENT_RADIUS, BLOCK_RADIUS, SPEED
 
 __all__ = ["PushExpert", "ReachExpert"]
 

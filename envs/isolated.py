@@ -26,24 +26,24 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from consumers.env.sim.base import InvalidAction, SimObs, SimSpec, SimStep, SimulatorError
+from envs.base import InvalidAction, SimObs, SimSpec, SimStep, SimulatorError
 from infra.errors import ConfigError
 from infra.logging import get_logger
 
 __all__ = ["IsolatedSimulator"]
 
-log = get_logger("consumers.env.sim.isolated")
+log = get_logger("envs.isolated")
 
 _PASSED_THROUGH = {"InvalidAction": InvalidAction, "ConfigError": ConfigError}
 
 
 _ROOT = str(Path(__file__).resolve().parents[3])  # the directory holding the consumers package
-_CHILD = "import sys; from consumers.env.sim.isolated import serve; serve(int(sys.argv[1]))"
+_CHILD = "import sys; from envs.isolated import serve; serve(int(sys.argv[1]))"
 
 
 def serve(fd: int) -> None:
     """The child: receive (env_id, make_kwargs), make the simulator, answer requests until "close"/EOF."""
-    from consumers.env.sim.registry import make_simulator
+    from envs.registry import make_simulator
 
     conn = Connection(fd)
     env_id, make_kwargs = conn.recv()

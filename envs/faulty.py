@@ -29,9 +29,9 @@ from typing import Literal
 
 import numpy as np
 
-from consumers.env.sim.base import SimObs, SimStep
-from consumers.env.sim.builtin import PlanarOptions, ReachSim
-from consumers.env.sim.options import SimOptions
+from envs.base import SimObs, SimStep
+from envs.builtin import PlanarOptions, ReachSim
+from envs.options import SimOptions
 from infra.errors import ConfigError
 
 __all__ = ["FAULTS", "FaultyOptions", "FaultySim"]

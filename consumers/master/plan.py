@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from consumers.env.sim import make_simulator
+from envs import make_simulator
 from infra.errors import ConfigError, JoynexusError
-from producers.client.spec import JobSpec
 from producers.dataset.feeder import FeedPlan
 from producers.dataset.format import Dataset, DatasetError, layout_batches
 from schemas import events as ev
+from schemas.jobspec import JobSpec
 from tenants.config import HeadConfig, OptimConfig, PPOConfig, SuffixConfig, TenantConfig
 
 __all__ = [

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
-from consumers.env.sim.base import OBS_MODES
+from envs.base import OBS_MODES
 from infra.errors import ConfigError
 
 __all__ = ["MAX_IMAGE_SIZE", "MIN_IMAGE_SIZE", "NoOptions", "SimOptions", "parse_task_options",

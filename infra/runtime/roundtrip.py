@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from consumers.abc import RecordContext
-from consumers.loop import ConsumeLoop, StartAt
+from consumers.bus.loop import ConsumeLoop, StartAt
+from consumers.bus.protocols import RecordContext
 from infra.settings import Settings
 from infra.topics import TopicAdmin, shared_topic, tenant_topic
 from producers.producer import EventProducer

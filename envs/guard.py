@@ -13,18 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from consumers.env.sim.base import InvalidAction, SimObs, SimSpec, SimStep, Simulator, SimulatorError
+from envs.base import InvalidAction, SimObs, SimSpec, SimStep, Simulator, SimulatorError
 from infra.logging import get_logger
 
 __all__ = ["MAX_SEED", "GuardedSimulator"]
 
 MAX_SEED = 2**32 - 1  # numpy, torch and ManiSkill all take seeds of this width
 
-log = get_logger("consumers.env.sim")
+log = get_logger("envs")
 
 
 class GuardedSimulator:
-    """A ``Simulator`` that enforces the contract of ``consumers.env.sim.base`` on an inner one."""
+    """A ``Simulator`` that enforces the contract of ``envs.base`` on an inner one."""
 
     def __init__(self, inner: Simulator):
         self.inner = inner

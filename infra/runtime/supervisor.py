@@ -21,7 +21,7 @@ from infra.settings import Settings
 
 __all__ = ["ROLES", "Supervisor", "run_roles"]
 
-log = get_logger("infra.supervisor")
+log = get_logger("infra.runtime.supervisor")
 
 ROLES = ("master", "env", "inference", "backbone-train", "optimizer", "rollout", "evaluator")
 

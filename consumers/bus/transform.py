@@ -23,9 +23,9 @@ from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumers.abc import Output, RecordContext, Transform
-from consumers.dlq import publish_dead_letter
-from consumers.loop import bind_record, context_of, invoke_with_retries, make_consumer
+from consumers.bus.dlq import publish_dead_letter
+from consumers.bus.loop import bind_record, context_of, invoke_with_retries, make_consumer
+from consumers.bus.protocols import Output, RecordContext, Transform
 from infra.errors import ProcessingError, SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
@@ -34,7 +34,7 @@ from schemas.codec import Codec
 
 __all__ = ["TransformWorker", "transactional_id"]
 
-log = get_logger("consumers.transform")
+log = get_logger("consumers.bus.transform")
 
 
 def transactional_id(group_id: str, tp: TopicPartition) -> str:

@@ -26,7 +26,7 @@ from schemas.events import Event
 
 __all__ = ["TopicFollower"]
 
-log = get_logger("consumers.follow")
+log = get_logger("infra.follow")
 
 Apply = Callable[[Event, ConsumerRecord], None]
 

@@ -23,7 +23,7 @@ from schemas.codec import Codec
 
 __all__ = ["Episode", "EpisodeCollector", "RolloutReader"]
 
-log = get_logger("consumers.episodes")
+log = get_logger("consumers.bus.episodes")
 
 
 @dataclass

@@ -11,15 +11,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from consumers.env.sim.base import Expert, Simulator, SimulatorError
-from consumers.env.sim.guard import GuardedSimulator
-from consumers.env.sim.options import NoOptions, SimOptions, parse_task_options, split_env_id
+from envs.base import Expert, Simulator, SimulatorError
+from envs.guard import GuardedSimulator
+from envs.options import NoOptions, SimOptions, parse_task_options, split_env_id
 from infra.errors import ConfigError
 from infra.logging import get_logger
 
 __all__ = ["ENVS", "EnvEntry", "env_ids", "make_expert", "make_simulator"]
 
-log = get_logger("consumers.env.sim")
+log = get_logger("envs")
 
 Builder = Callable[[str, SimOptions, Mapping[str, Any]], Simulator]
 
@@ -33,7 +33,7 @@ class EnvEntry:
 
 def _planar(kind: str) -> Builder:
     def build(env_id: str, options: SimOptions, raw: Mapping[str, Any]) -> Simulator:
-        from consumers.env.sim.builtin import PlanarOptions, PushSim, ReachSim
+        from envs.builtin import PlanarOptions, PushSim, ReachSim
 
         cls = ReachSim if kind == "reach" else PushSim
         return cls(env_id, options, parse_task_options(env_id, PlanarOptions, raw))
@@ -42,20 +42,20 @@ def _planar(kind: str) -> Builder:
 
 def _planar_expert(kind: str) -> Callable[..., Expert]:
     def make(**kwargs: Any) -> Expert:
-        from consumers.env.sim.builtin_experts import PushExpert, ReachExpert
+        from envs.builtin_experts import PushExpert, ReachExpert
 
         return (ReachExpert if kind == "reach" else PushExpert)(**kwargs)
     return make
 
 
 def _faulty(env_id: str, options: SimOptions, raw: Mapping[str, Any]) -> Simulator:
-    from consumers.env.sim.faulty import FaultyOptions, FaultySim
+    from envs.faulty import FaultyOptions, FaultySim
 
     return FaultySim(env_id, options, parse_task_options(env_id, FaultyOptions, raw))
 
 
 def _gym(env_id: str, options: SimOptions, raw: Mapping[str, Any]) -> Simulator:
-    from consumers.env.sim.gym_sims import GymSim
+    from envs.gym_sims import GymSim
 
     parse_task_options(env_id, NoOptions, raw)
     return GymSim(env_id, options)
@@ -63,21 +63,21 @@ def _gym(env_id: str, options: SimOptions, raw: Mapping[str, Any]) -> Simulator:
 
 def _gym_expert(name: str) -> Callable[..., Expert]:
     def make(**kwargs: Any) -> Expert:
-        from consumers.env.sim import gym_experts
+        from envs import gym_experts
 
         return getattr(gym_experts, name)(**kwargs)
     return make
 
 
 def _maniskill(env_id: str, options: SimOptions, raw: Mapping[str, Any]) -> Simulator:
-    from consumers.env.sim.maniskill import ManiSkillOptions, ManiSkillSim
+    from envs.maniskill import ManiSkillOptions, ManiSkillSim
 
     return ManiSkillSim(env_id, options, parse_task_options(env_id, ManiSkillOptions, raw))
 
 
 def _maniskill_expert(name: str) -> Callable[..., Expert]:
     def make(**kwargs: Any) -> Expert:
-        from consumers.env.sim import maniskill_experts
+        from envs import maniskill_experts
 
         return getattr(maniskill_experts, name)(**kwargs)
     return make

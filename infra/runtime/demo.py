@@ -26,7 +26,7 @@ from infra.settings import Settings
 
 __all__ = ["run_demo", "scenario"]
 
-log = get_logger("infra.demo")
+log = get_logger("infra.runtime.demo")
 
 
 def scenario(quick: bool, dataset: Path, maniskill: bool = True) -> list[dict[str, Any]]:
@@ -108,7 +108,7 @@ async def run_demo(
 ) -> dict[str, Any]:
     from consumers.service import Service
     from infra.broker import LocalBroker
-    from infra.supervisor import Supervisor
+    from infra.runtime.supervisor import Supervisor
     from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 

@@ -1,0 +1,26 @@
+"""The ``joynexus`` command line, one module per command group.
+
+    joynexus broker fetch|up|down|status|logs     the local Kafka broker            (broker.py)
+    joynexus topics ensure|list|delete            topic provisioning                (bus.py)
+    joynexus replay TOPIC [window] [--json]       read events without touching any group
+    joynexus schemas                              schema names and fingerprints
+    joynexus roundtrip                            a short event round trip through the broker
+    joynexus backbone presets|build               the shared backbone               (assets.py)
+    joynexus dataset generate|feed                offline demonstrations for SFT
+    joynexus up | run ROLE | demo [--quick]       the service                       (service.py)
+    joynexus submit FILE [-f] | status | cancel   tenants' jobs                     (jobs.py)
+"""
+
+from __future__ import annotations
+
+import typer
+
+from infra.cli import assets, broker, bus, jobs, service
+
+__all__ = ["app"]
+
+app = typer.Typer(no_args_is_help=True, help="joynexus: multi-tenant VLA post-training on Kafka.")
+app.add_typer(broker.app, name="broker")
+for group in (bus, assets, service, jobs):  # their commands and sub-groups sit at the top level
+    app.registered_commands.extend(group.app.registered_commands)
+    app.registered_groups.extend(group.app.registered_groups)

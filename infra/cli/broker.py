@@ -1,0 +1,60 @@
+"""``joynexus broker``: the local single-node Apache Kafka broker."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from infra.broker import LocalBroker
+from infra.cli.common import console, fail, load_settings
+from infra.errors import JoynexusError
+from infra.settings import get_settings
+
+app = typer.Typer(no_args_is_help=True, help="The local single-node Apache Kafka broker.")
+
+
+
+@app.command("fetch")
+def broker_fetch() -> None:
+    """Resolve the Kafka jars from Maven Central into the cache (done by `up` too)."""
+    try:
+        libs = LocalBroker(load_settings()).fetch()
+    except JoynexusError as exc:
+        fail(exc)
+    console.print(f"Kafka {get_settings().kafka_version} jars in {libs}")
+
+
+@app.command("up")
+def broker_up() -> None:
+    """Fetch (once), format (once) and start the broker; wait until it answers."""
+    try:
+        status = LocalBroker(load_settings()).up()
+    except JoynexusError as exc:
+        fail(exc)
+    console.print(f"broker [green]ready[/green] on {status.bootstrap} "
+                  f"(Kafka {status.version}, pid {status.pid}, data {status.data_dir})")
+
+
+@app.command("down")
+def broker_down() -> None:
+    """Stop the broker this work directory started (never another process)."""
+    stopped = LocalBroker(load_settings()).down()
+    console.print("broker stopped" if stopped else "no broker of ours was running")
+
+
+@app.command("status")
+def broker_status() -> None:
+    """Print whether the broker runs and answers; exit 1 when it does not."""
+    status = LocalBroker(load_settings()).status()
+    print(json.dumps({"running": status.running, "ready": status.ready, "pid": status.pid,
+                      "bootstrap": status.bootstrap, "version": status.version,
+                      "data_dir": str(status.data_dir), "log_file": str(status.log_file)}))
+    raise typer.Exit(0 if status.ready else 1)
+
+
+@app.command("logs")
+def broker_logs(lines: Annotated[int, typer.Option("-n", "--lines")] = 100) -> None:
+    """Print the last lines of the broker's log."""
+    print(LocalBroker(load_settings()).logs(lines))
