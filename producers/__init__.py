@@ -1,5 +1,6 @@
-"""Everything that publishes events: the producer wrapper, the dataset feeder and, later,
-the tenant SDK and the policy publisher.
+"""Everything that publishes events: the producer wrapper (``producer``), heartbeats
+(``heartbeat``), offline datasets and their feeder (``dataset/``), and the tenant client
+(``client/``) that submits and follows jobs.
 
 Names are imported lazily, so ``producers.dataset`` (reading/writing datasets) does not
 pull in aiokafka.
