@@ -11,8 +11,8 @@ formatted once and the cluster id is kept, so data survives ``down`` + ``up``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import base64
+import concurrent.futures
 import logging
 import os
 import shutil
