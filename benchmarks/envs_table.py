@@ -80,7 +80,8 @@ def main() -> None:
     print("| env | steps/s state | steps/s RGB 64 px | expert success |")
     print("|---|---|---|---|")
     for r in rows:
-        success = "-" if r["expert_success"] is None else f"{r['expert_success']:.0%} of {r['expert_episodes']}"
+        rate = r["expert_success"]
+        success = "-" if rate is None else f"{rate:.0%} of {r['expert_episodes']}"
         print(f"| {r['env']} | {r['state_steps_per_s']:.0f} | {r['rgb64_steps_per_s']:.0f} | {success} |")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
