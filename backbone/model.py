@@ -12,8 +12,11 @@ VLAFeature per request, in order.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,8 +35,16 @@ from backbone.tokenizer import build_tokenizer
 from infra.errors import ConfigError
 from infra.logging import get_logger
 
-__all__ = ["Backbone", "BackboneSpec", "build_preset", "preset_parameters", "resolve_device",
-           "set_torch_threads"]
+__all__ = [
+    "Backbone",
+    "BackboneInfo",
+    "BackboneSpec",
+    "build_preset",
+    "ensure_preset",
+    "preset_parameters",
+    "resolve_device",
+    "set_torch_threads",
+]
 
 log = get_logger("backbone.model")
 hf_logging.disable_progress_bar()  # shard-loading bars would interleave with JSON logs
@@ -61,6 +72,10 @@ def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.dev
     if dtype == "auto":
         return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
     return dev, getattr(torch, dtype)
+
+
+def _text_hidden_size(config) -> int:
+    return (config.get_text_config() if hasattr(config, "get_text_config") else config).hidden_size
 
 
 def _fingerprint(path: Path) -> str:
@@ -99,6 +114,16 @@ def _read_spec(path: Path, config, tokenizer) -> BackboneSpec:
     vision = getattr(config, "vision_config", None)
     size = getattr(vision, "image_size", None) or 224
     return BackboneSpec(family=config.model_type, image_size=int(size), tokens=tokens)
+
+
+@dataclass(frozen=True)
+class BackboneInfo:
+    """What a process that never runs a forward needs to know of the backbone (the master: its id
+    and width for a tenant's modules; an optimizer host: the device its slots live on)."""
+
+    backbone_id: str
+    hidden_size: int
+    device: torch.device
 
 
 class Backbone:
@@ -143,11 +168,7 @@ class Backbone:
                     dtype: str = "auto") -> Backbone:
         if name == MINI_PRESET:
             return cls.mini_pretrained(device, dtype)
-        preset = get_preset(name)
-        path = preset_dir(root, preset)
-        if not (path / SPEC_FILE).exists():
-            build_preset(preset, path)
-        return cls.load(path, device, dtype)
+        return cls.load(ensure_preset(name, root), device, dtype)
 
     @classmethod
     def mini_pretrained(cls, device: str = "auto", dtype: str = "auto") -> Backbone:
@@ -163,8 +184,26 @@ class Backbone:
 
     @property
     def hidden_size(self) -> int:
-        config = self.model.config
-        return (config.get_text_config() if hasattr(config, "get_text_config") else config).hidden_size
+        return _text_hidden_size(self.model.config)
+
+    @property
+    def info(self) -> BackboneInfo:
+        return BackboneInfo(self.backbone_id, self.hidden_size, self.device)
+
+    @classmethod
+    def describe(cls, name_or_path: str, root: str | Path, device: str = "auto") -> BackboneInfo:
+        """The id and width of a backbone without loading its weights (a preset is built first if
+        it is not yet: its id is a digest of the saved files)."""
+        if name_or_path == MINI_PRESET:  # its id needs the weights; they are small
+            return cls.mini_pretrained(device).info
+        path = Path(name_or_path).expanduser()
+        if not path.is_dir():
+            path = ensure_preset(name_or_path, root)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+        spec_file = path / SPEC_FILE
+        preset = json.loads(spec_file.read_text()).get("preset") if spec_file.exists() else None
+        return BackboneInfo(f"{preset or path.name}@{_fingerprint(path)}", _text_hidden_size(config),
+                            resolve_device(device)[0])
 
     # ------------------------------------------------------------ requests
     def prepare(self, request: VLARequest) -> Prepared:
@@ -247,8 +286,28 @@ def set_torch_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def ensure_preset(name: str, root: str | Path) -> Path:
+    """The checkpoint directory of preset ``name`` under ``root``, built once.
+
+    Safe when many processes cold-start at once: one builds under an exclusive file lock, the
+    others wait for it and load what it built (and a build that died half-way left only a
+    private temporary folder, never a half-written checkpoint).
+    """
+    preset = get_preset(name)
+    path = preset_dir(root, preset)
+    if (path / SPEC_FILE).exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if we die
+        if not (path / SPEC_FILE).exists():
+            build_preset(preset, path)
+    return path
+
+
 def build_preset(preset: Preset, path: Path) -> None:
-    """Build a preset with seeded random weights and save it as an HF checkpoint."""
+    """Build a preset with seeded random weights and save it as an HF checkpoint (into a private
+    temporary folder, renamed into place only if nobody else's build is already there)."""
     tokens = SpecialTokens()
     config = hf_config(preset, tokens)
     family_cls = family_for(preset.family)
@@ -256,8 +315,8 @@ def build_preset(preset: Preset, path: Path) -> None:
     model = AutoModelForImageTextToText.from_config(config)
     tokenizer = build_tokenizer(preset.tokenizer_vocab, tokens)
     processor = family_cls.default_processor(preset.image_size, preset.vision)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     processor.save_pretrained(tmp)
@@ -265,6 +324,12 @@ def build_preset(preset: Preset, path: Path) -> None:
                         max_cameras=preset.max_cameras, token_buckets=preset.token_buckets,
                         preset=preset.name, tokens=tokens)
     (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
-    tmp.rename(path)  # a half-built preset is never picked up
+    try:
+        tmp.rename(path)  # a half-built preset is never picked up
+    except OSError:  # another builder got there first: theirs is identical (same seed)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / SPEC_FILE).exists():
+            raise
+        return
     log.info("backbone preset built", preset=preset.name, path=str(path),
              parameters=sum(p.numel() for p in model.parameters()))

@@ -29,13 +29,13 @@ from aiokafka.structs import ConsumerRecord
 
 from backbone.batcher import BatcherConfig, GroupBatcher
 from consumers.bus.loop import bind_record, make_consumer
+from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
 from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
 from infra.follow import TopicFollower
 from infra.logging import get_logger
 from infra.topics import tenant_stream_pattern, tenant_topic
-from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -100,7 +100,6 @@ class InferenceRole:
         self._policies: OrderedDict[tuple[str, int], TenantSlot] = OrderedDict()
         self._loading: dict[tuple[str, int], asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
-        self.heartbeat = Heartbeater(settings, self.producer, "inference", instance, details=self._health)
         self.answered = 0
 
     def _on_session(self, event: ev.Event, record: ConsumerRecord) -> None:
@@ -114,12 +113,13 @@ class InferenceRole:
             self.latest[event.tenant_id] = event.version
             log.info("policy hot-swapped", tenant=event.tenant_id, version=event.version, job=event.job_id)
 
-    def _health(self) -> dict[str, str]:
-        return {
-            "answered": str(self.answered),
-            "policies_loaded": str(len(self._policies)),
-            "pending": str(self.batcher.pending()),
-        }
+    def workload(self) -> Workload:
+        groups = self.batcher.records
+        return Workload(
+            (self.consumer,), done=self.answered, waiting=len(self._tasks),
+            details={"policies_loaded": len(self._policies), "groups": len(groups),
+                     "mean_group_size": round(sum(g.size for g in groups) / max(len(groups), 1), 2)},
+        )
 
     async def start(self) -> None:
         for follower in self._followers:
@@ -139,20 +139,15 @@ class InferenceRole:
             await follower.stop()
 
     async def run(self, stop: asyncio.Event) -> None:
-        beats = asyncio.create_task(self.heartbeat.run(stop), name="inference-heartbeat")
-        try:
-            while not stop.is_set():
-                batches = await self.consumer.getmany(timeout_ms=100)
-                for records in batches.values():
-                    for record in records:
-                        task = asyncio.create_task(self._answer(record))
-                        self._tasks.add(task)
-                        task.add_done_callback(self._tasks.discard)
-                if batches:
-                    await self._commit()
-        finally:
-            stop.set()
-            await beats
+        while not stop.is_set():
+            batches = await self.consumer.getmany(timeout_ms=100)
+            for records in batches.values():
+                for record in records:
+                    task = asyncio.create_task(self._answer(record))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            if batches:
+                await self._commit()
 
     async def _commit(self) -> None:
         try:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from consumers.service import Service
-from infra.runtime.supervisor import Supervisor
+from infra.runtime.host import RoleHost
 from infra.settings import Settings
 from infra.topics import tenant_topic
 from producers.client.sdk import Client
@@ -36,7 +36,7 @@ async def service(settings: Settings, backbones, tmp_path) -> Service:
 
 async def test_killed_optimizer_worker_resumes_bit_identical(service: Service, unique: str) -> None:
     settings = service.settings
-    async with Supervisor(service) as supervisor, Client(settings) as client:
+    async with RoleHost(service.settings, service=service) as supervisor, Client(settings) as client:
         reference = await client.submit(_spec(f"ref-{unique}"))
         assert (await client.follow(reference, timeout_s=240)).phase == "completed"
 

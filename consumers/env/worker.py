@@ -28,13 +28,13 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
 from consumers.bus.loop import make_consumer
+from consumers.bus.protocols import Workload
 from consumers.env.session import SessionPorts, SessionRunner
 from envs.base import Simulator
 from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
 from infra.topics import parse_topic, sibling_topic, tenant_stream_pattern, tenant_topic
-from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -80,7 +80,7 @@ class EnvWorker:
             settings, group_id, pattern=tenant_stream_pattern(settings, "sessions|actions", tenants),
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
-        self.heartbeat = Heartbeater(settings, self.producer, "env", self.worker_id, details=self._health)
+        self.observations = 0  # observations sent: the worker's progress
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._actions_ready: set[TopicPartition] = set()  # positioned at their end
@@ -105,17 +105,11 @@ class EnvWorker:
         await self.producer.stop()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        stop = stop or asyncio.Event()
-        beats = asyncio.create_task(self.heartbeat.run(stop), name="env-heartbeat")
-        try:
-            await self._loop(stop)
-        finally:
-            stop.set()
-            await beats
+        await self._loop(stop or asyncio.Event())
 
-    def _health(self) -> dict[str, str]:
-        return {"sessions": str(len(self._runners)), "partitions": str(len(self.consumer.assignment())),
-                "group": self.group_id}
+    def workload(self) -> Workload:
+        return Workload((self.consumer,), done=self.observations,
+                        details={"sessions": len(self._runners), "group": self.group_id})
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -213,6 +207,7 @@ class EnvWorker:
         async def publish_observation(obs: ev.Observation) -> None:
             topic = tenant_topic(self.settings, obs.tenant_id, "observations")
             await self.producer.send(topic, obs, key=obs.session_id)
+            self.observations += 1
 
         async def publish_status(event: ev.Event) -> None:
             await self.producer.send(tenant_topic(self.settings, event.tenant_id, "status"), event,
