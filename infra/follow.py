@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from infra.errors import SchemaError, TopicError
+from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
 from schemas.codec import Codec
@@ -53,16 +53,20 @@ class TopicFollower:
 
     async def start(self) -> None:
         await self.consumer.start()
-        if self.seek is None:
-            self.consumer.subscribe(pattern=self.pattern)
-        else:
-            await self.consumer.topics()  # fetches metadata, so the partitions are known
-            partitions = [TopicPartition(self.pattern, p)
-                          for p in sorted(self.consumer.partitions_for_topic(self.pattern) or ())]
-            if not partitions:
-                raise TopicError(f"{self.pattern} does not exist")
-            self.consumer.assign(partitions)
-            await self.seek(self.consumer, partitions)
+        try:
+            if self.seek is None:
+                self.consumer.subscribe(pattern=self.pattern)
+            else:
+                from infra.topics import TopicAdmin
+
+                async with TopicAdmin(self.settings) as admin:  # TopicError if it does not exist
+                    count = await admin.partitions(self.pattern)
+                partitions = [TopicPartition(self.pattern, p) for p in range(count)]
+                self.consumer.assign(partitions)
+                await self.seek(self.consumer, partitions)
+        except BaseException:
+            await self.consumer.stop()
+            raise
         self._task = asyncio.create_task(self._run(), name=f"follow-{self.name}")
 
     async def stop(self) -> None:

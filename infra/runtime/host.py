@@ -220,8 +220,6 @@ async def ensure_shared_topics(settings: Settings) -> None:
 async def run_instance(settings: Settings, kind: str, instance: str, restarts: int = 0,
                        env_options: Mapping[str, Any] | None = None) -> None:
     """Run one process kind until SIGINT/SIGTERM."""
-    from consumers.service import Service
-
     if kind not in KINDS:
         raise JoynexusError(f"unknown process kind {kind!r}; kinds: {', '.join(KINDS)}")
     names = KINDS[kind]
@@ -233,6 +231,8 @@ async def run_instance(settings: Settings, kind: str, instance: str, restarts: i
     await ensure_shared_topics(settings)
     service = None
     if set(names) & _NEEDS_SERVICE:
+        from consumers.service import Service  # torch and transformers: only where needed
+
         service = await Service.open(settings, load=bool(set(names) & _NEEDS_BACKBONE))
     host = RoleHost(settings, names, service=service, instance=instance, restarts=restarts,
                     env_options=env_options)
