@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -114,11 +115,17 @@ class InferenceRole:
             log.info("policy hot-swapped", tenant=event.tenant_id, version=event.version, job=event.job_id)
 
     def workload(self) -> Workload:
-        groups = self.batcher.records
+        groups, gate = self.batcher.records, self.service.gate
+        n = max(len(groups), 1)
         return Workload(
             (self.consumer,), done=self.answered, waiting=len(self._tasks),
             details={"policies_loaded": len(self._policies), "groups": len(groups),
-                     "mean_group_size": round(sum(g.size for g in groups) / max(len(groups), 1), 2)},
+                     "mean_group_size": round(sum(g.size for g in groups) / n, 3),
+                     "mean_group_tenants": round(sum(len(set(g.tenants)) for g in groups) / n, 3),
+                     # the device gate of this process: inference and training share it
+                     "busy_inference_s": round(gate.busy_s["inference"], 3),
+                     "busy_train_s": round(gate.busy_s["train"], 3),
+                     "gate_wall_s": round(time.monotonic() - gate.started, 3)},
         )
 
     async def start(self) -> None:

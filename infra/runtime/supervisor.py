@@ -15,8 +15,9 @@ It restarts an instance in place (same id, new pid):
   ``InstanceVerdict`` on ``nexus.health``, SIGKILLs the process group, and the
   exit path restarts it.
 
-Back-off: ``restart_backoff_s`` doubled per consecutive quick death (one that
-ran less than ``stable_after_s``), up to ``restart_backoff_max_s``. Every start
+Back-off: the first death after a stable run restarts at once; each further
+consecutive quick death (one that ran less than ``stable_after_s``) waits
+``restart_backoff_s`` doubled, up to ``restart_backoff_max_s``. Every start
 is an ``InstanceRestarted`` event with its cause.
 
 Env workers are elastic: every few seconds the supervisor asks
@@ -219,8 +220,9 @@ class ProcessSupervisor:
         inst.kill_cause = None
         uptime = time.monotonic() - inst.started_at
         inst.quick_deaths = 0 if uptime >= self.settings.stable_after_s else inst.quick_deaths + 1
-        backoff = min(self.settings.restart_backoff_max_s,
-                      self.settings.restart_backoff_s * 2 ** max(inst.quick_deaths - 1, 0))
+        # the first death after a stable run restarts at once; a crash loop backs off exponentially
+        backoff = 0.0 if inst.quick_deaths <= 1 else min(
+            self.settings.restart_backoff_max_s, self.settings.restart_backoff_s * 2 ** (inst.quick_deaths - 2))
         log.warning("instance died; restarting in place", instance=inst.instance_id, pid=process.pid,
                     cause=cause, uptime_s=round(uptime, 1), backoff_s=backoff)
         await asyncio.sleep(backoff)
