@@ -221,8 +221,8 @@ class ProcessSupervisor:
         uptime = time.monotonic() - inst.started_at
         inst.quick_deaths = 0 if uptime >= self.settings.stable_after_s else inst.quick_deaths + 1
         # the first death after a stable run restarts at once; a crash loop backs off exponentially
-        backoff = 0.0 if inst.quick_deaths <= 1 else min(
-            self.settings.restart_backoff_max_s, self.settings.restart_backoff_s * 2 ** (inst.quick_deaths - 2))
+        base, ceiling = self.settings.restart_backoff_s, self.settings.restart_backoff_max_s
+        backoff = 0.0 if inst.quick_deaths <= 1 else min(ceiling, base * 2 ** (inst.quick_deaths - 2))
         log.warning("instance died; restarting in place", instance=inst.instance_id, pid=process.pid,
                     cause=cause, uptime_s=round(uptime, 1), backoff_s=backoff)
         await asyncio.sleep(backoff)
