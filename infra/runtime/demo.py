@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -115,6 +116,9 @@ async def run_demo(
     from producers.client.sdk import Client
 
     console = console or Console()
+    # SIGTERM ends the demo like Ctrl-C does: the processes it started are stopped on the way out
+    main = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
         await asyncio.to_thread(LocalBroker(settings).up)
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
