@@ -73,3 +73,6 @@ def demo(
         asyncio.run(run_demo(settings, quick=quick, maniskill=maniskill, console=console))
     except JoynexusError as exc:
         fail(exc)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        console.print(f"demo stopped; its processes are stopped too. Partial runs: {settings.run_dir}")
+        raise typer.Exit(130) from None
