@@ -186,6 +186,13 @@ class RoleHost:
 
     async def stop(self) -> None:
         self.stop_event.set()
+        # a role stuck in an await does not see the event: cancel what has not returned in time
+        late = set()
+        if self._tasks:
+            _, late = await asyncio.wait(self._tasks, timeout=self.settings.stop_grace_s / 2)
+        for task in late:
+            log.warning("role did not stop in time; cancelling it", task=task.get_name())
+            task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for name, role in reversed(list(self.roles.items())):
             try:
