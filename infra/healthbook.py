@@ -18,7 +18,6 @@ A verdict is given once per (instance, pid): the next one needs a new process.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -175,12 +174,3 @@ class HealthView:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-
-async def wait_beats(view: HealthView, wanted: Callable[[HealthBook], bool], timeout_s: float) -> None:
-    """Wait until the book satisfies ``wanted`` (polling; for tools and tests)."""
-    deadline = time.monotonic() + timeout_s
-    while not wanted(view.book):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"health condition not reached in {timeout_s:.0f} s")
-        await asyncio.sleep(0.2)
