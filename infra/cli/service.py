@@ -41,6 +41,7 @@ def run(
                                              "backbone-train, optimizer, rollout, evaluator, health")],
     instance: Annotated[str | None, typer.Option(help="Instance id (default: KIND-<pid>.<host>).")] = None,
     restarts: Annotated[int, typer.Option(help="How often the supervisor restarted this instance.")] = 0,
+    parent_pid: Annotated[int | None, typer.Option(help="The supervisor's pid: stop when it dies.")] = None,
     step_timeout: Annotated[float, typer.Option(help="env: watchdog seconds per simulator call.")] = 30.0,
     group: Annotated[str, typer.Option(help="env: consumer group (a pool of workers).")] = "env",
     tenants: Annotated[str, typer.Option(help="env: regex of the tenant ids to serve.")] = r"[^.]+",
@@ -55,7 +56,7 @@ def run(
     env_options = {"step_timeout_s": step_timeout, "group_id": group, "tenants": tenants}
     try:
         asyncio.run(run_instance(settings, kind, instance or f"{kind}-{os.getpid()}.{socket.gethostname()}",
-                                 restarts, env_options if kind == "env" else None))
+                                 restarts, env_options if kind == "env" else None, parent_pid))
     except JoynexusError as exc:
         fail(exc)
 

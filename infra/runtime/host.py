@@ -17,7 +17,10 @@ restarted process, resumes where the log says.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import functools
+import os
 import signal
 import time
 from collections.abc import Mapping
@@ -33,7 +36,7 @@ from infra.settings import Settings
 from producers.heartbeat import HealthSample, Heartbeater
 from producers.producer import EventProducer
 
-__all__ = ["KINDS", "ROLES", "SERVICE_ROLES", "RoleHost", "build_role", "run_instance"]
+__all__ = ["KINDS", "ROLES", "SERVICE_ROLES", "RoleHost", "build_role", "die_with_parent", "run_instance"]
 
 log = get_logger("infra.runtime.host")
 
@@ -227,9 +230,20 @@ async def ensure_shared_topics(settings: Settings) -> None:
             await asyncio.sleep(1.0)
 
 
+def die_with_parent(parent_pid: int) -> None:
+    """SIGTERM this process when its supervisor dies, however it dies (Linux PR_SET_PDEATHSIG), so a
+    killed supervisor leaves no orphaned role processes; exit now if it is already gone."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        raise SystemExit(f"the supervisor (pid {parent_pid}) is gone")
+
+
 async def run_instance(settings: Settings, kind: str, instance: str, restarts: int = 0,
-                       env_options: Mapping[str, Any] | None = None) -> None:
-    """Run one process kind until SIGINT/SIGTERM."""
+                       env_options: Mapping[str, Any] | None = None, parent_pid: int | None = None) -> None:
+    """Run one process kind until SIGINT/SIGTERM (or its supervisor's death, given ``parent_pid``)."""
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     if kind not in KINDS:
         raise JoynexusError(f"unknown process kind {kind!r}; kinds: {', '.join(KINDS)}")
     names = KINDS[kind]

@@ -28,14 +28,14 @@ uncommitted episode) when the target stayed lower for ``_DOWN_AFTER_S``.
 
 ``stop`` (Ctrl-C, SIGTERM) sends SIGTERM to every process group and SIGKILL
 to what is still there after ``stop_grace_s``; a supervisor killed outright
-takes its children with it (PR_SET_PDEATHSIG).
+takes its children with it (each asks for SIGTERM when its parent dies:
+``host.die_with_parent``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -94,13 +94,6 @@ def parse_scale(text: str) -> dict[str, int]:
             raise JoynexusError(f"bad --scale entry {part!r}: want KIND=N, KIND one of {', '.join(KINDS)}")
         scale[kind] = int(count)
     return scale
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM it when the supervisor dies, however it dies (Linux
-    prctl PR_SET_PDEATHSIG), so a killed supervisor leaves no orphaned role processes."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _exit_cause(code: int) -> str:
@@ -196,11 +189,11 @@ class ProcessSupervisor:
     async def _spawn(self, inst: Instance, cause: str, backoff_s: float = 0.0,
                      old_pid: int | None = None) -> None:
         cmd = [sys.executable, "-m", "infra", "run", inst.kind, "--instance", inst.instance_id,
-               "--restarts", str(inst.restarts)]
+               "--restarts", str(inst.restarts), "--parent-pid", str(os.getpid())]
         with open(self.log_dir / f"{inst.instance_id}.log", "ab") as out:
             inst.process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                env=self._env, start_new_session=True, preexec_fn=_die_with_parent)
+                env=self._env, start_new_session=True)
         inst.started_at = time.monotonic()
         log.info("instance started", instance=inst.instance_id, pid=inst.pid, cause=cause,
                  restarts=inst.restarts, backoff_s=round(backoff_s, 2))
