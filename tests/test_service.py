@@ -230,6 +230,39 @@ async def test_grouped_run_equals_run_alone(stack: Stack, unique: str, reach_dem
         same(version)
 
 
+async def test_parallel_env_sessions_change_nothing_in_the_result(stack: Stack, unique: str) -> None:
+    """``rl.envs``: the same spec collected by one session per iteration, and by four sessions at once
+    (5 episodes over 4 sessions: 2+1+1+1), gives bit-identical checkpoints:
+    episodes keep their seeds and action noise, and the iteration's batch is assembled in episode
+    order whichever session finished first."""
+    rl = {"iterations": 2, "episodes_per_iteration": 5, "minibatch_size": 16, "ppo_epochs": 2}
+    env = {"max_episode_steps": 12}
+    one_t, four_t = f"envs1-{unique}", f"envs4-{unique}"
+    one, four = [await stack.client.submit(stack.rl_spec(tenant, f"job-envs-{unique}", seed=5, env=env,
+                                                         rl={**rl, "envs": n}))
+                 for tenant, n in ((one_t, 1), (four_t, 4))]
+    one_state, four_state = await stack.follow(one), await stack.follow(four)
+
+    assert len(one_state.resources["sessions"].split(",")) == 1
+    assert len(four_state.resources["sessions"].split(",")) == 4, four_state.resources
+    sessions = [e for e in await stack.events(four_t, "sessions") if isinstance(e, ev.EnvSessionRequested)]
+    assert sorted(s.episodes for s in sessions) == [1, 1, 1, 1, 1, 1, 2, 2], "two iterations of 2+1+1+1"
+    rollouts = [e for e in await stack.events(four_t, "rollouts") if isinstance(e, ev.RolloutRecord)]
+    assert len({r.session_id for r in rollouts}) == 8, "every session played its episodes"
+
+    assert iteration_returns(one_state) == iteration_returns(four_state)
+    versions = stack.store.versions(one_t)
+    assert versions == stack.store.versions(four_t) == [1, 2, 3]
+    for version in versions:
+        a, b = stack.store.load(one_t, version).state, stack.store.load(four_t, version).state
+        assert a.step == b.step
+        for part in ("model", "train"):
+            ta, tb = getattr(a, part), getattr(b, part)
+            assert sorted(ta) == sorted(tb)
+            differ = [name for name in ta if not torch.equal(ta[name], tb[name])]
+            assert not differ, f"version {version}: {part} tensors differ with envs=4: {differ}"
+
+
 async def first_step(stack: Stack, job: JobState) -> ev.RolloutRecord:
     """A sync RL job's first step: iteration 0 (the session its JobAccepted names), first episode."""
     (session,) = job.resources["sessions"].split(",")
