@@ -9,9 +9,10 @@ with ``distractors`` > 0 other colours are in the scene too, so the goal is
 known only from the image AND the instruction.
 
 Rewards pay progress and success, never presence: a step earns the distance it
-closed (in full-speed steps, so a step straight at the aim earns about 1) and
-reaching the goal earns ``SUCCESS_BONUS`` and ends the episode. Hovering next
-to the target earns nothing, so the best return is to reach it, fast: with a
+closed (in full-speed steps, so a step straight at the aim earns about 1) minus
+``STEP_COST``, and reaching the goal earns ``SUCCESS_BONUS`` and ends the
+episode. Hovering next to the target costs, so the best return is to reach it,
+fast: with a
 dense "closeness" reward, hovering short of success paid more than ending the
 episode, and PPO learnt to hover (measured: success stayed near 0).
 
@@ -48,7 +49,11 @@ REACH_TOLERANCE = 0.1  # agent centre within this of the target centre
 PUSH_TOLERANCE = 0.1  # block centre within this of the target centre
 DEFAULT_MAX_STEPS = 50
 PROGRESS_GAIN = 1.0 / SPEED  # reward per world unit of distance closed: about 1 per full-speed step
-SUCCESS_BONUS = 2.0  # on the step that succeeds; more than the last step's progress can pay
+SUCCESS_BONUS = 5.0  # on the step that succeeds
+# paid every step: stopping short of the goal costs, so a policy that hovers near it (PPO's mean action
+# shrinks there while sampling noise still succeeds) is pushed in (measured: deterministic success
+# 0.50 -> 0.83 after 30 iterations with the cost and this bonus, against bonus 2 without)
+STEP_COST = 0.2
 MAX_CAMERAS = 2
 
 
@@ -154,8 +159,8 @@ class _PlanarSim:
 class ReachSim(_PlanarSim):
     """Move the agent onto the target of the named colour.
 
-    Reward: ``PROGRESS_GAIN * (d_before - d_after)`` for the agent-goal distance ``d``, plus
-    ``SUCCESS_BONUS`` when the agent's centre gets within ``REACH_TOLERANCE`` (which ends the episode).
+    Reward: ``PROGRESS_GAIN * (d_before - d_after) - STEP_COST`` for the agent-goal distance ``d``,
+    plus ``SUCCESS_BONUS`` when the agent's centre gets within ``REACH_TOLERANCE`` (which ends the episode).
     """
 
     base_state_dim = 6  # agent xy, velocity xy, goal xy; then distractor xy pairs
@@ -176,7 +181,7 @@ class ReachSim(_PlanarSim):
         self._move_agent(action)
         dist = float(np.linalg.norm(self.agent - self.goal))
         success = dist < REACH_TOLERANCE
-        reward = PROGRESS_GAIN * (self._dist - dist) + SUCCESS_BONUS * float(success)
+        reward = PROGRESS_GAIN * (self._dist - dist) + SUCCESS_BONUS * float(success) - STEP_COST
         self._dist = dist
         return SimStep(self._obs(), float(reward), terminated=success, truncated=False, success=success)
 
@@ -191,8 +196,8 @@ class ReachSim(_PlanarSim):
 class PushSim(_PlanarSim):
     """Push the block onto the target of the named colour.
 
-    Reward: ``PROGRESS_GAIN * (0.5 (gap_before - gap_after) + (d_before - d_after))`` for the
-    agent-block gap and the block-goal distance ``d``, plus ``SUCCESS_BONUS`` when the block's centre
+    Reward: ``PROGRESS_GAIN * (0.5 (gap_before - gap_after) + (d_before - d_after)) - STEP_COST`` for
+    the agent-block gap and the block-goal distance ``d``, plus ``SUCCESS_BONUS`` when the block's centre
     gets within ``PUSH_TOLERANCE`` of the goal (which ends the episode).
     """
 
@@ -241,7 +246,7 @@ class PushSim(_PlanarSim):
         dist, gap = self._distances()
         success = dist < PUSH_TOLERANCE
         progress = 0.5 * (self._gap - gap) + (self._dist - dist)
-        reward = PROGRESS_GAIN * progress + SUCCESS_BONUS * float(success)
+        reward = PROGRESS_GAIN * progress + SUCCESS_BONUS * float(success) - STEP_COST
         self._dist, self._gap = dist, gap
         return SimStep(self._obs(), float(reward), terminated=success, truncated=False, success=success)
 

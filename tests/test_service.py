@@ -27,7 +27,7 @@ from schemas import events as ev
 from schemas.jobstate import JobState
 from schemas.tensors import from_numpy, to_numpy
 from tests.helpers import wait_for
-from tests.service_helpers import SMALL_ENV, Stack, held_out_return, iteration_returns, tree_digest
+from tests.service_helpers import SMALL_ENV, Stack, held_out, iteration_returns, tree_digest
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -130,55 +130,58 @@ async def test_cancel_stops_a_job_and_others_finish(stack: Stack, unique: str) -
 
 
 # ---------------------------------------------------------------------------------------------- 3
-# Measured on the tiny backbone and Reach (20-step episodes, 8 per iteration, lr 3e-3, 4 PPO epochs):
-# * the mean return of the SAMPLED training episodes of one iteration is noise: first -> last over 20
-#   iterations went 0.89 -> 0.18, 0.33 -> 0.72, 1.07 -> 0.43 for three seeds. Reported, not asserted.
-# * the policy acting deterministically on fixed held-out episodes (the same for every version, so
-#   versions compare pairwise) is what improves: the initial policy scores 0.307 on the 24 episodes
-#   below; after 6 iterations 18 independent runs scored 0.345..0.701 (gain +0.04..+0.39, mean +0.20,
-#   3 of 18 under +0.1). So three tenants train at once, and the test asserts on their mean gain
-#   (>= +0.05) and that at least two of the three improve. SFT: the loss of the last publish window
-#   is below the first one's (measured 0.477 -> 0.229 over 8 windows).
-RL_ENV = {"max_episode_steps": 20}
-RL_IMPROVES = {"iterations": 6, "episodes_per_iteration": 8, "minibatch_size": 64, "ppo_epochs": 4}
-RL_SEEDS = (0, 1, 2)
+# Learning a user can see: SUCCESS on held-out episodes (the same for every version, the policy acting
+# deterministically), not only return. Measured on the tiny backbone and Reach with the progress +
+# success reward (envs/builtin.py), 30-step episodes, 8 per iteration, 10 PPO epochs, gamma 0.95, with
+# the offline replica of this pipeline (benchmarks/ppo_tuning.py, bit-identical to the service on the
+# first runs compared): held-out success 0.00 at version 1; after 20 iterations 0.58 (seed 0) and 0.54
+# (seed 1), after 30 iterations 0.83 and 0.38. THRESHOLD (RL): final success >= first + 0.3, and the
+# held-out return rises. SFT (8 expert demos, rgb only: the goal must come from image + instruction):
+# the loss of the last publish window is below the first one's, and the trained policy's held-out
+# return beats the untrained one's (which only pays the step cost).
+RL_ENV = {"max_episode_steps": 30}
+RL_LEARNS = {"iterations": 20, "episodes_per_iteration": 8, "minibatch_size": 64, "ppo_epochs": 10,
+             "gamma": 0.95, "envs": 4}
+RL_SEED = 0
 HELD_OUT = 24  # episodes
-RL_MARGIN = 0.05  # THRESHOLD (RL): mean over seeds of (final - initial) held-out return >= 0.05
+RL_SUCCESS_MARGIN = 0.3
 
 
-async def test_rl_return_and_sft_loss_improve(stack: Stack, unique: str, reach_demos: Path) -> None:
-    # Fixed seeds: sampled actions depend on the spec's seed alone, so each run is one
-    # reproducible draw, not a fresh one per test session.
-    rl = {seed: await stack.client.submit(stack.rl_spec(
-        f"rl-up{seed}-{unique}", "job-rl-improves", seed=seed, env=RL_ENV, rl=RL_IMPROVES,
-        optim={"lr": 3e-3})) for seed in RL_SEEDS}
+async def test_rl_success_and_sft_policy_improve(stack: Stack, unique: str, reach_demos: Path) -> None:
+    # A fixed seed: sampled actions depend on the spec's seed alone, so the run is one reproducible draw.
+    rl = await stack.client.submit(stack.rl_spec(f"rl-up-{unique}", "job-rl-learns", seed=RL_SEED,
+                                                 env=RL_ENV, rl=RL_LEARNS, optim={"lr": 3e-3}))
     sft = await stack.client.submit(sft_spec(f"sft-up-{unique}", f"job-sft-up-{unique}", reach_demos,
                                              epochs=6))
 
     sft_state = await stack.follow(sft)
     losses = [h["train_loss"] for h in sft_state.history if "train_loss" in h]
     assert len(losses) >= 3, sft_state.history
-    # THRESHOLD (SFT): the mean training loss of the last publish window is below the first one's
     assert losses[-1] < losses[0], losses
+    sft_scores = {}
+    for version in (1, sft_state.policy_version):
+        policy = stack.client.load_policy(sft.tenant, version, backbone=stack.service.backbone)
+        sft_scores[version] = await asyncio.to_thread(held_out, policy, episodes=HELD_OUT, max_steps=20,
+                                                      state_in_proprio=False)
 
-    gains, report = {}, {}
-    for seed, job in rl.items():
-        state = await stack.follow(job)
-        returns = iteration_returns(state)
-        assert sorted(returns) == list(range(RL_IMPROVES["iterations"])), returns
-        first, last = 1, state.policy_version
-        assert last == first + RL_IMPROVES["iterations"]
-        scores = {}
-        for version in (first, last):
-            policy = stack.client.load_policy(job.tenant, version, backbone=stack.service.backbone)
-            scores[version] = await asyncio.to_thread(held_out_return, policy, episodes=HELD_OUT,
-                                                      max_steps=RL_ENV["max_episode_steps"])
-        gains[seed] = scores[last] - scores[first]
-        report[seed] = {"sampled": {k: round(v, 3) for k, v in returns.items()},
-                        "held_out": {k: round(v, 3) for k, v in scores.items()}}
-    print(f"RL per seed {report}; SFT losses {[round(x, 4) for x in losses]}")
-    assert sum(gains.values()) / len(gains) >= RL_MARGIN, report
-    assert sum(g > 0 for g in gains.values()) >= 2, report
+    state = await stack.client.follow(rl, timeout_s=900)
+    assert state.phase == "completed", (state.phase, state.reason)
+    returns = iteration_returns(state)
+    assert sorted(returns) == list(range(RL_LEARNS["iterations"])), returns
+    first, last = 1, state.policy_version
+    assert last == first + RL_LEARNS["iterations"]
+    scores = {}
+    for version in (first, last):
+        policy = stack.client.load_policy(rl.tenant, version, backbone=stack.service.backbone)
+        scores[version] = await asyncio.to_thread(held_out, policy, episodes=HELD_OUT,
+                                                  max_steps=RL_ENV["max_episode_steps"])
+    sampled = [round(r, 2) for r in returns.values()]
+    print(f"RL held-out (return, success) {scores}; sampled returns {sampled}; "
+          f"SFT held-out {sft_scores}; SFT losses {[round(x, 4) for x in losses]}")
+    (ret0, success0), (ret1, success1) = scores[first], scores[last]
+    assert success1 >= success0 + RL_SUCCESS_MARGIN, scores
+    assert ret1 > ret0, scores
+    assert sft_scores[sft_state.policy_version][0] > sft_scores[1][0], sft_scores
 
 
 # ---------------------------------------------------------------------------------------------- 4
