@@ -230,6 +230,10 @@ def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
         "inference_mean_group_tenants": inference.get("mean_group_tenants", 0.0),
         "train_forwards": train.get("forwards", 0.0),
         "train_mean_group_rows": train.get("mean_group_rows", 0.0),
+        # rows the training queue asked for vs rows the backbone computed (the rest came from the
+        # feature cache: PPO and SFT epochs repeat their inputs)
+        "train_rows_requested": train.get("rows_requested", 0.0),
+        "train_rows_forwarded": train.get("rows_forwarded", 0.0),
         "process_restarts": float(len(restarts)),
     }
 
