@@ -139,8 +139,9 @@ async def test_cancel_stops_a_job_and_others_finish(stack: Stack, unique: str) -
 # held-out return rises (measured in this test: success 0.00 -> 0.58, return -6.00 -> 7.64). SFT (8
 # expert demos, rgb only: the goal must come from image + instruction): the loss of the last publish
 # window is below the first one's, and the trained policy's actions are closer to the expert's on
-# held-out demonstrations than the untrained policy's (measured here: mean L1 0.859 -> 0.737). (Its held-out Reach return did NOT beat the
-# untrained policy's: -4.78 vs -3.12 after 6 epochs over 8 demos, so that is not asserted.)
+# held-out demonstrations than the untrained policy's (measured here: mean L1 0.859 -> 0.737). Its
+# held-out Reach return did NOT beat the untrained policy's (-4.78 vs -3.12 after 6 epochs over 8
+# demos), so that is not asserted.
 RL_ENV = {"max_episode_steps": 30}
 RL_LEARNS = {"iterations": 20, "episodes_per_iteration": 8, "minibatch_size": 64, "ppo_epochs": 10,
              "gamma": 0.95, "envs": 4}
