@@ -133,8 +133,9 @@ async def test_cancel_stops_a_job_and_others_finish(stack: Stack, unique: str) -
 # Learning a user can see: SUCCESS on held-out episodes (the same for every version, the policy acting
 # deterministically), not only return. Measured on the tiny backbone and Reach with the progress +
 # success reward (envs/builtin.py), 30-step episodes, 8 per iteration, 10 PPO epochs, gamma 0.95, with
-# the offline replica of this pipeline (benchmarks/ppo_tuning.py, bit-identical to the service on the
-# first runs compared): held-out success 0.00 at version 1; after 20 iterations 0.58 (seed 0) and 0.54
+# the offline replica of this pipeline (benchmarks/ppo_tuning.py; the same returns and scores as the
+# service to every printed digit where compared): held-out success 0.00 at version 1; after 20
+# iterations 0.58 (seed 0) and 0.54
 # (seed 1), after 30 iterations 0.83 and 0.38. THRESHOLD (RL): final success >= first + 0.3, and the
 # held-out return rises (measured in this test: success 0.00 -> 0.58, return -6.00 -> 7.64). SFT (8
 # expert demos, rgb only: the goal must come from image + instruction): the loss of the last publish
