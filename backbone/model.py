@@ -27,30 +27,26 @@ from transformers.utils import logging as hf_logging
 
 from backbone.families import Family, family_for
 from backbone.feature import VLAFeature
+from backbone.info import MINI_PRESET, SPEC_FILE, BackboneInfo, fingerprint, resolve_device
 from backbone.inputs import BucketKey, InvalidRequest, Prepared, VLARequest, proprio_tensor, resize_images
 from backbone.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
 from backbone.mini import MiniFamily, MiniVLM
-from backbone.presets import Preset, SpecialTokens, get_preset, hf_config
+from backbone.presets import Preset, SpecialTokens, get_preset, hf_config, preset_dir
 from backbone.tokenizer import build_tokenizer
 from infra.errors import ConfigError
 from infra.logging import get_logger
 
 __all__ = [
     "Backbone",
-    "BackboneInfo",
     "BackboneSpec",
     "build_preset",
     "ensure_preset",
     "preset_parameters",
-    "resolve_device",
-    "set_torch_threads",
 ]
 
 log = get_logger("backbone.model")
 hf_logging.disable_progress_bar()  # shard-loading bars would interleave with JSON logs
 hf_logging.set_verbosity_error()
-SPEC_FILE = "joynexus_backbone.json"
-MINI_PRESET = "mini-pretrained"
 
 
 @dataclass(frozen=True)
@@ -63,27 +59,6 @@ class BackboneSpec:
     token_buckets: tuple[int, ...] = (8, 16, 32, 64)
     preset: str | None = None
     tokens: SpecialTokens = SpecialTokens()
-
-
-def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """CUDA + bf16 when present, else CPU + fp32 (unless told otherwise)."""
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, getattr(torch, dtype)
-
-
-def _text_hidden_size(config) -> int:
-    return (config.get_text_config() if hasattr(config, "get_text_config") else config).hidden_size
-
-
-def _fingerprint(path: Path) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.json")):
-        digest.update(file.name.encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _read_spec(path: Path, config, tokenizer) -> BackboneSpec:
@@ -114,16 +89,6 @@ def _read_spec(path: Path, config, tokenizer) -> BackboneSpec:
     vision = getattr(config, "vision_config", None)
     size = getattr(vision, "image_size", None) or 224
     return BackboneSpec(family=config.model_type, image_size=int(size), tokens=tokens)
-
-
-@dataclass(frozen=True)
-class BackboneInfo:
-    """What a process that never runs a forward needs to know of the backbone (the master: its id
-    and width for a tenant's modules; an optimizer host: the device its slots live on)."""
-
-    backbone_id: str
-    hidden_size: int
-    device: torch.device
 
 
 class Backbone:
@@ -157,7 +122,7 @@ class Backbone:
         processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
         patch = getattr(config.vision_config, "patch_size", 14)
         family = family_cls(processor, spec.tokens, patch)
-        backbone_id = f"{spec.preset or path.name}@{_fingerprint(path)}"
+        backbone_id = f"{spec.preset or path.name}@{fingerprint(path)}"
         log.info("backbone loaded", path=str(path), family=spec.family, device=str(dev),
                  dtype=str(dt), parameters=sum(p.numel() for p in model.parameters()),
                  backbone_id=backbone_id)
@@ -184,26 +149,12 @@ class Backbone:
 
     @property
     def hidden_size(self) -> int:
-        return _text_hidden_size(self.model.config)
+        config = self.model.config
+        return (config.get_text_config() if hasattr(config, "get_text_config") else config).hidden_size
 
     @property
     def info(self) -> BackboneInfo:
         return BackboneInfo(self.backbone_id, self.hidden_size, self.device)
-
-    @classmethod
-    def describe(cls, name_or_path: str, root: str | Path, device: str = "auto") -> BackboneInfo:
-        """The id and width of a backbone without loading its weights (a preset is built first if
-        it is not yet: its id is a digest of the saved files)."""
-        if name_or_path == MINI_PRESET:  # its id needs the weights; they are small
-            return cls.mini_pretrained(device).info
-        path = Path(name_or_path).expanduser()
-        if not path.is_dir():
-            path = ensure_preset(name_or_path, root)
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-        spec_file = path / SPEC_FILE
-        preset = json.loads(spec_file.read_text()).get("preset") if spec_file.exists() else None
-        return BackboneInfo(f"{preset or path.name}@{_fingerprint(path)}", _text_hidden_size(config),
-                            resolve_device(device)[0])
 
     # ------------------------------------------------------------ requests
     def prepare(self, request: VLARequest) -> Prepared:
@@ -263,13 +214,6 @@ class Backbone:
         return [n for n, p in self.model.named_parameters() if p.requires_grad]
 
 
-def preset_dir(root: str | Path, preset: Preset) -> Path:
-    """Where a preset is built: the name plus a digest of its definition, so a changed
-    preset (or a different tokens layout) is built afresh instead of loading a stale one."""
-    definition = json.dumps([asdict(preset), asdict(SpecialTokens())], sort_keys=True, default=str)
-    return Path(root) / f"{preset.name}-{hashlib.sha256(definition.encode()).hexdigest()[:10]}"
-
-
 def preset_parameters(name: str) -> int:
     """Parameters of a preset, counted on the meta device (no memory, any size)."""
     if name == MINI_PRESET:
@@ -277,13 +221,6 @@ def preset_parameters(name: str) -> int:
     with torch.device("meta"):
         model = AutoModelForImageTextToText.from_config(hf_config(get_preset(name)))
     return sum(p.numel() for p in model.parameters())
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """Pin torch's CPU threads. Several roles share few cores: oversubscribed OpenMP
-    threads busy-wait and were measured to slow a step 50x (FINDINGS)."""
-    if threads:
-        torch.set_num_threads(threads)
 
 
 def ensure_preset(name: str, root: str | Path) -> Path:

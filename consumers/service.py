@@ -11,19 +11,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backbone.gate import DeviceGate
-from backbone.model import Backbone, BackboneInfo, set_torch_threads
+from backbone.info import BackboneInfo, describe, set_torch_threads
 from infra.jobbook import JobBook
 from infra.settings import Settings
 from infra.tensor_store import TensorStore
 from tenants.policy_store import PolicyStore
+
+if TYPE_CHECKING:
+    from backbone.model import Backbone
 
 __all__ = ["Service", "describe_backbone", "load_backbone"]
 
 
 def load_backbone(settings: Settings) -> Backbone:
     """The backbone ``settings.backbone`` names: a local HF checkpoint dir or a preset."""
+    from backbone.model import Backbone  # transformers and its image stack: only where forwards run
+
     set_torch_threads(settings.torch_threads)
     path = Path(settings.backbone).expanduser()
     if path.is_dir():
@@ -33,7 +39,7 @@ def load_backbone(settings: Settings) -> Backbone:
 
 def describe_backbone(settings: Settings) -> BackboneInfo:
     set_torch_threads(settings.torch_threads)
-    return Backbone.describe(settings.backbone, settings.model_dir, settings.device)
+    return describe(settings.backbone, settings.model_dir, settings.device)
 
 
 @dataclass

@@ -84,10 +84,11 @@ class Settings(BaseSettings):
         "the cores, and oversubscribed OpenMP threads busy-wait (measured 50x slower steps).")
 
     # --- env role
-    env_isolation: Literal["thread", "process"] = Field(
-        "thread", description="thread: simulators step in the env worker's process (fast; a hung "
+    env_isolation: Literal["auto", "thread", "process"] = Field(
+        "auto", description="thread: simulators step in the env worker's process (fast; a hung "
         "native call can only be abandoned). process: each session's simulator in a child process "
-        "(a segfault or hang costs that process only).")
+        "(a segfault, a hang or a GIL-holding native call costs that process only). auto: process "
+        "for ManiSkill (SAPIEN's start-up held the GIL long enough to stop heartbeats), thread else.")
 
     # --- service roles
     inference_target_batch: int = Field(8, ge=1, description="Inference groups flush at B requests...")

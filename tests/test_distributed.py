@@ -134,9 +134,10 @@ async def test_processes_heal_themselves_and_change_no_bit(settings: Settings, u
                                what=f"{kind} back after SIGKILL")
                 label = kind if kind not in recovery else f"{kind} again"
                 recovery[label] = time.monotonic() - killed_at
+                carries_work = kind in ("optimizer", "device", "rollout", "env")
                 if n < 4:
                     assert working, f"the jobs ended before {kind} was killed: make them longer"
-                if working and not chaos_run.done():  # the work it carries moves again
+                if carries_work and working and not chaos_run.done():  # the work it carries moves again
                     await wait_for(lambda inst=inst: progressed(book, inst), timeout_s=180,
                                    what=f"{kind} progressing after SIGKILL")
                     resumed[label] = time.monotonic() - killed_at

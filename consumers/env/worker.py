@@ -44,6 +44,7 @@ __all__ = ["EnvWorker", "progress_key"]
 
 log = get_logger("consumers.env.worker")
 GROUP = "env"
+POSITION_TIMEOUT_S = 5.0  # aiokafka's position() waits a whole request timeout (40 s) per partition
 
 
 def progress_key(session_id: str) -> str:
@@ -93,7 +94,7 @@ class EnvWorker:
         self._runners: dict[str, asyncio.Task] = {}
         self._waiting: dict[tuple[str, str, int], asyncio.Future] = {}
         self._early: dict[tuple[str, str, int], ev.Action] = {}
-        self._set_up: set[TopicPartition] = set()  # positioned by _setup_partition since assigned
+        self._set_up: set[TopicPartition] = set()  # positioned by _setup_partitions since assigned
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
@@ -242,36 +243,48 @@ class EnvWorker:
 
     # ------------------------------------------------------------------ rebalance
     async def _assign(self, assigned: set[TopicPartition]) -> None:
-        for tp in assigned:
-            try:
-                await self._setup_partition(tp)
-            except IllegalStateError:
-                self._set_up.discard(tp)
-                # New tenants' topics trigger rebalances back to back; a partition taken away while we
-                # awaited is set up by the assignment that follows, the others must still be set up now.
-                log.info("partition reassigned during setup", topic=tp.topic, partition=tp.partition)
+        try:
+            await self._setup_partitions(assigned)
+        except IllegalStateError:
+            # New tenants' topics trigger rebalances back to back; a partition taken away while we
+            # awaited is set up by the assignment that follows, the others by the main loop.
+            self._set_up -= assigned
+            log.info("partitions reassigned during setup", partitions=len(assigned))
         log.info("partitions assigned", worker=self.worker_id,
                  partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
     async def _set_up_missed(self) -> None:
         """Partitions a rebalance listener could not position (the assignment moved under it)."""
-        for tp in self.consumer.assignment() - self._set_up:
+        missed = self.consumer.assignment() - self._set_up
+        if missed:
             try:
-                await self._setup_partition(tp)
+                await self._setup_partitions(missed)
             except IllegalStateError:
-                self._set_up.discard(tp)
+                self._set_up -= missed
 
-    async def _setup_partition(self, tp: TopicPartition) -> None:
-        self._set_up.add(tp)
-        if parse_topic(tp.topic).stream == "sessions":
-            end = (await self.consumer.end_offsets([tp]))[tp]
-            await self.consumer.seek_to_beginning(tp)
-            if end > 0:
-                self._folding[tp] = end
-        else:
-            await self.consumer.seek_to_end(tp)
-            await self.consumer.position(tp)  # resolve "end" now, before any observation goes out
-            self._actions_ready.add(tp)
+    async def _setup_partitions(self, partitions: set[TopicPartition]) -> None:
+        """Sessions partitions fold from their beginning, actions partitions start at their end.
+
+        Batched (one end-offsets request, one seek each way): this runs inside the rebalance
+        listener, where aiokafka sends no group heartbeats, and one request per partition for a
+        few dozen tenants' partitions outlasted the session timeout on a loaded machine.
+        """
+        self._set_up |= partitions
+        sessions = [tp for tp in partitions if parse_topic(tp.topic).stream == "sessions"]
+        actions = [tp for tp in partitions if tp not in sessions]
+        if sessions:
+            ends = await self.consumer.end_offsets(sessions)
+            await self.consumer.seek_to_beginning(*sessions)
+            self._folding.update({tp: end for tp, end in ends.items() if end > 0})
+        if actions:
+            await self.consumer.seek_to_end(*actions)
+            for tp in actions:  # resolve "end" now, before any observation goes out
+                try:
+                    await asyncio.wait_for(self.consumer.position(tp), POSITION_TIMEOUT_S)
+                except TimeoutError:  # mid-rebalance: the main loop tries again
+                    self._set_up.discard(tp)
+                    continue
+                self._actions_ready.add(tp)
 
     async def _revoke(self, revoked: set[TopicPartition]) -> None:
         for sid, tp in list(self._home.items()):

@@ -62,7 +62,7 @@ def run(
 
 @app.command()
 def demo(
-    quick: Annotated[bool, typer.Option("--quick", help="A smoke-test sized run (about 2 minutes).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="A smoke-test sized run (minutes).")] = False,
     maniskill: Annotated[bool, typer.Option(help="Include the ManiSkill PushCube tenant.")] = True,
 ) -> None:
     """The paper's scenario: 3 RL tenants + 1 SFT tenant on one shared backbone, then evaluations."""
@@ -73,3 +73,6 @@ def demo(
         asyncio.run(run_demo(settings, quick=quick, maniskill=maniskill, console=console))
     except JoynexusError as exc:
         fail(exc)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        console.print(f"demo stopped; its processes are stopped too. Partial runs: {settings.run_dir}")
+        raise typer.Exit(130) from None

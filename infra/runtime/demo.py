@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -122,6 +123,9 @@ async def run_demo(
     from producers.client.sdk import Client
 
     console = console or Console()
+    # SIGTERM ends the demo like Ctrl-C does: the processes it started are stopped on the way out
+    main = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
         await asyncio.to_thread(LocalBroker(settings).up)
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
@@ -218,7 +222,7 @@ def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
     inference, train = details("inference"), details("backbone-train")
     gate_wall = max(inference.get("gate_wall_s", 0.0), 1e-9)
     busy_inference, busy_train = inference.get("busy_inference_s", 0.0), inference.get("busy_train_s", 0.0)
-    restarts = [e for e in book.restarts if e.host == supervisor.host and e.cause != "start"]
+    restarts = [e for e in book.restarts if e.host == supervisor.host and e.old_pid is not None]
     return {
         "wall_s": wall_s,
         "processes": float(len(supervisor.instances)),

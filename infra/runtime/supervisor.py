@@ -27,13 +27,15 @@ are handed back through a rebalance and resume elsewhere at their first
 uncommitted episode) when the target stayed lower for ``_DOWN_AFTER_S``.
 
 ``stop`` (Ctrl-C, SIGTERM) sends SIGTERM to every process group and SIGKILL
-to what is still there after ``stop_grace_s``.
+to what is still there after ``stop_grace_s``; a supervisor killed outright
+takes its children with it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -92,6 +94,13 @@ def parse_scale(text: str) -> dict[str, int]:
             raise JoynexusError(f"bad --scale entry {part!r}: want KIND=N, KIND one of {', '.join(KINDS)}")
         scale[kind] = int(count)
     return scale
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the supervisor dies, however it dies (Linux
+    prctl PR_SET_PDEATHSIG), so a killed supervisor leaves no orphaned role processes."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def _exit_cause(code: int) -> str:
@@ -191,7 +200,7 @@ class ProcessSupervisor:
         with open(self.log_dir / f"{inst.instance_id}.log", "ab") as out:
             inst.process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-                env=self._env, start_new_session=True)
+                env=self._env, start_new_session=True, preexec_fn=_die_with_parent)
         inst.started_at = time.monotonic()
         log.info("instance started", instance=inst.instance_id, pid=inst.pid, cause=cause,
                  restarts=inst.restarts, backoff_s=round(backoff_s, 2))
@@ -230,6 +239,15 @@ class ProcessSupervisor:
             return
         inst.restarts += 1
         await self._spawn(inst, cause, backoff, old_pid=process.pid)
+
+    async def _kill_if_lingering(self, inst: Instance) -> None:
+        """A retired instance that ignores SIGTERM for ``stop_grace_s`` is killed: its sessions
+        must not stay with a worker that no longer counts."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(inst.process.wait(), self.settings.stop_grace_s)
+        if inst.alive:
+            log.warning("retired instance ignored SIGTERM; killing", instance=inst.instance_id, pid=inst.pid)
+            self._signal(inst, signal.SIGKILL)
 
     def _on_event(self, event: ev.Event) -> None:
         """A verdict about one of our live processes: kill it; ``_watch`` restarts it."""
@@ -276,6 +294,7 @@ class ProcessSupervisor:
                              sessions=sessions, lag=lag, retiring=inst.instance_id)
                     inst.retiring = True
                     self._signal(inst, signal.SIGTERM)
+                    self._task(self._kill_if_lingering(inst), f"retire-{inst.instance_id}")
         else:
             self._low_since = None
         return target
