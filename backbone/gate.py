@@ -5,6 +5,15 @@ the resident backbone. Each takes the gate before a forward; when the device
 frees up, a waiting inference forward always goes first, and training waits
 until no inference is queued. The gate also counts busy seconds per queue,
 the numbers behind the "backbone busy fraction" of the demo's summary.
+
+Inference can only go first when a forward ends, so a training forward over
+hundreds of rows would hold the device for seconds while actions wait. With a
+``train_budget_s``, the gate bounds that: it learns the seconds per row of
+training forwards (a moving average over the forwards it saw) and
+``chunk_rows("train")`` says how many rows fit in the budget, so the grouped
+forward splits a training group into chunks and an inference forward waits at
+most about one budget. Chunking changes no feature: a row computes the same
+whatever shares its forward (``backbone/grouped.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +26,16 @@ from collections.abc import AsyncIterator
 __all__ = ["DeviceGate"]
 
 QUEUES = ("inference", "train")
+FIRST_CHUNK_ROWS = 8  # before the gate has timed a training forward
+SMOOTHING = 0.3  # weight of the newest forward in the seconds-per-row average
 
 
 class DeviceGate:
-    def __init__(self) -> None:
+    def __init__(self, train_budget_s: float | None = None) -> None:
+        if train_budget_s is not None and train_budget_s <= 0:
+            raise ValueError(f"train_budget_s must be positive or None, got {train_budget_s}")
+        self.train_budget_s = train_budget_s
+        self.row_s: dict[str, float | None] = {q: None for q in QUEUES}  # seconds per row, averaged
         self._busy = False
         self._waiting = {q: 0 for q in QUEUES}
         self._changed = asyncio.Condition()
@@ -31,9 +46,20 @@ class DeviceGate:
     def _may_go(self, queue: str) -> bool:
         return not self._busy and (queue == "inference" or self._waiting["inference"] == 0)
 
+    def chunk_rows(self, queue: str) -> int | None:
+        """The most rows one forward of ``queue`` should take (None: no bound). Only training
+        forwards are bounded, and only with a budget."""
+        if queue != "train" or self.train_budget_s is None:
+            return None
+        per_row = self.row_s["train"]
+        if per_row is None:
+            return FIRST_CHUNK_ROWS
+        return max(1, int(self.train_budget_s / max(per_row, 1e-9)))
+
     @contextlib.asynccontextmanager
-    async def use(self, queue: str) -> AsyncIterator[None]:
-        """Hold the device for one forward of ``queue`` ("inference" or "train")."""
+    async def use(self, queue: str, rows: int | None = None) -> AsyncIterator[None]:
+        """Hold the device for one forward of ``queue`` ("inference" or "train") over ``rows`` rows
+        (when given, the forward's time per row feeds ``chunk_rows``)."""
         if queue not in QUEUES:
             raise ValueError(f"queue must be one of {QUEUES}, got {queue!r}")
         async with self._changed:
@@ -47,8 +73,12 @@ class DeviceGate:
         try:
             yield
         finally:
-            self.busy_s[queue] += time.monotonic() - began
+            took = time.monotonic() - began
+            self.busy_s[queue] += took
             self.forwards[queue] += 1
+            if rows:
+                last, now = self.row_s[queue], took / rows
+                self.row_s[queue] = now if last is None else (1 - SMOOTHING) * last + SMOOTHING * now
             async with self._changed:
                 self._busy = False
                 self._changed.notify_all()

@@ -9,8 +9,11 @@ what that row computes alone (same shapes), whatever else shares its forward.
 ``forward_grouped_on`` does the same through a ``DeviceGate`` queue: inside a
 service every forward goes through the gate, which is what makes the gate's
 "one forward at a time", inference-first order and busy-second accounting
-true. ``forward_grouped`` (no gate) is for a policy served in a user's own
-process, where nothing else shares the backbone.
+true. A bucket larger than ``gate.chunk_rows(queue)`` runs as several
+forwards of at most that many rows, each taking the gate anew, so inference
+can go between them (the gate sizes chunks to its latency budget); features
+are the same, row for row. ``forward_grouped`` (no gate) is for a policy
+served in a user's own process, where nothing else shares the backbone.
 """
 
 from __future__ import annotations
@@ -61,16 +64,21 @@ async def forward_grouped_on(
     forward did. ``gate=None`` runs without one (a batcher outside a service)."""
     features: list[VLAFeature | None] = [None] * len(prepared)
     done: list[BucketForward] = []
-    for key, rows in buckets(prepared):
-        group = [prepared[i] for i in rows]
-        if gate is None:
-            began = time.perf_counter()
-            out = await asyncio.to_thread(backbone.forward, group)
-        else:
-            async with gate.use(queue):
+    for key, bucket in buckets(prepared):
+        start = 0
+        while start < len(bucket):
+            limit = gate.chunk_rows(queue) if gate is not None else None  # re-read: it learns as it goes
+            rows = bucket[start:] if limit is None else bucket[start : start + limit]
+            start += len(rows)
+            group = [prepared[i] for i in rows]
+            if gate is None:
                 began = time.perf_counter()
                 out = await asyncio.to_thread(backbone.forward, group)
-        done.append(BucketForward(key, tuple(rows), time.perf_counter() - began))
-        for i, feature in zip(rows, out, strict=True):
-            features[i] = feature
+            else:
+                async with gate.use(queue, rows=len(group)):
+                    began = time.perf_counter()
+                    out = await asyncio.to_thread(backbone.forward, group)
+            done.append(BucketForward(key, tuple(rows), time.perf_counter() - began))
+            for i, feature in zip(rows, out, strict=True):
+                features[i] = feature
     return features, done  # type: ignore[return-value]

@@ -34,6 +34,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from backbone.feature import VLAFeature
+from backbone.feature_cache import FeatureCache, for_request
 from backbone.grouped import forward_grouped_on
 from backbone.inputs import Prepared
 from consumers.bus.dlq import publish_dead_letter
@@ -87,14 +88,19 @@ class BackboneTrainRole:
         self.producers = PartitionProducers(settings, self.codec, GROUP, f"{GROUP}-{instance}")
         self.groups = 0
         self.rows = 0
+        self.rows_requested = 0
         self.jobs = 0
+        # features by content: PPO epochs and SFT dataset epochs send the same inputs again
+        self.cache = FeatureCache(service.info.backbone_id, int(settings.train_feature_cache_mb * 2**20))
         self.committed = 0
         self.aborted = 0
 
     def workload(self) -> Workload:
         return Workload((self.consumer,), done=self.jobs,
                         details={"forwards": self.groups, "mean_group_rows": round(self.mean_group_rows, 2),
-                                 "commits": self.committed, "aborts": self.aborted})
+                                 "rows_forwarded": self.rows, "rows_requested": self.rows_requested,
+                                 "cache_hits": self.cache.hits, "commits": self.committed,
+                                 "aborts": self.aborted})
 
     @property
     def mean_group_rows(self) -> float:
@@ -181,19 +187,33 @@ class BackboneTrainRole:
         return _Job(record, event, prepared, [None] * len(prepared))
 
     async def _forward(self, jobs: list[_Job]) -> dict[str, float]:
-        """One forward per bucket over every job's rows; returns device-seconds per tenant."""
+        """One forward per bucket over every job's rows that are not cached (each distinct input once);
+        returns device-seconds per tenant (a cached row costs nothing)."""
         rows = [(job, i) for job in jobs for i in range(len(job.prepared))]
-        features, forwards = await forward_grouped_on(
-            self.service.gate, "train", self.service.backbone, [job.prepared[i] for job, i in rows]
+        prepared = [job.prepared[i] for job, i in rows]
+        keys = await asyncio.to_thread(lambda: [self.cache.key(p) for p in prepared])
+        features = [self.cache.get(p, k) for p, k in zip(prepared, keys, strict=True)]
+        first: dict[str, int] = {}
+        for r, feature in enumerate(features):
+            if feature is None:
+                first.setdefault(keys[r], r)
+        todo = list(first.values())
+        computed, forwards = await forward_grouped_on(
+            self.service.gate, "train", self.service.backbone, [prepared[r] for r in todo]
         )
-        for (job, i), feature in zip(rows, features, strict=True):
-            job.features[i] = feature
+        by_key = {}
+        for r, feature in zip(todo, computed, strict=True):
+            self.cache.put(prepared[r], feature, keys[r])
+            by_key[keys[r]] = feature
+        for r, ((job, i), feature) in enumerate(zip(rows, features, strict=True)):
+            job.features[i] = feature if feature is not None else for_request(by_key[keys[r]], prepared[r])
         usage: dict[str, float] = defaultdict(float)
         for forward in forwards:
             for r in forward.rows:
-                usage[rows[r][0].event.tenant_id] += forward.busy_s / len(forward.rows)
+                usage[rows[todo[r]][0].event.tenant_id] += forward.busy_s / len(forward.rows)
         self.groups += len(forwards)
-        self.rows += len(rows)
+        self.rows += len(todo)
+        self.rows_requested += len(rows)
         self.jobs += len(jobs)
         return usage
 

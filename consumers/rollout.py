@@ -10,7 +10,10 @@ asks the optimizer to publish a version (and, on the last iteration, to
 complete the job). Sequences are ``iteration * SEQUENCE_STRIDE + index``, so
 a re-emission after a restart is recognised and skipped by the optimizer.
 
-sync: iteration k is the session ``<job>-it<k>``, pinned to one version. A
+sync: iteration k is the session ``<job>-it<k>`` (or ``rl.envs`` sessions ``<job>-it<k>-s<j>``
+playing contiguous runs of its episodes at once; the iteration trains when all are in, its
+episodes sorted by reset seed, so it is the same batch however many collected it), pinned to
+one version. A
 reconcile loop requests iteration k+1 once the version trained on iteration k
 is published (its ``metrics["iteration"] == k``): collection never overlaps
 training, so a run is a deterministic function of the spec.
@@ -41,6 +44,7 @@ from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
 from schemas.jobspec import JobSpec
+from schemas.sessions import iteration_of
 from schemas.tensors import from_numpy, to_numpy
 from tenants.advantages import gae, normalize_advantages, ppo_minibatches
 
@@ -195,13 +199,30 @@ class RolloutRole:
                 self.collector.release(session_id)
                 continue
             if spec.rl.mode == "sync":
-                if len(episodes) >= spec.rl.episodes_per_iteration and session_id not in self._emitted:
-                    iteration = int(session_id.rsplit("-it", 1)[1])
-                    await self._emit(spec, iteration, episodes[: spec.rl.episodes_per_iteration])
-                    self._emitted.add(session_id)
-                    self.collector.release(session_id)
+                await self._advance_sync(spec, session_id)
             else:
                 await self._advance_async(spec, session_id, episodes)
+
+    async def _advance_sync(self, spec: JobSpec, session_id: str) -> None:
+        """An iteration trains once every one of its sessions has played its run of episodes: the
+        episodes, sorted by reset seed, are the iteration's in episode order, however many sessions
+        collected them (the master split them with ``plan.iteration_sessions``)."""
+        found = iteration_of(session_id, plan.session_prefix(spec.tenant, spec.job_id))
+        if found is None or session_id in self._emitted:
+            return
+        iteration = found[0]
+        parts = plan.iteration_sessions(spec, iteration, None, self.producer_id)
+        episodes: list[Episode] = []
+        for part in parts:
+            done = self.collector.done_episodes(part.session_id)
+            if len(done) < part.episodes:
+                return  # a part still collects (or its records are not all read yet)
+            episodes += done[: part.episodes]
+        episodes.sort(key=lambda e: e.order)
+        await self._emit(spec, iteration, episodes)
+        for part in parts:
+            self._emitted.add(part.session_id)
+            self.collector.release(part.session_id)
 
     async def _advance_async(self, spec: JobSpec, session_id: str, episodes: list[Episode]) -> None:
         key = (spec.tenant, spec.job_id)
@@ -301,21 +322,26 @@ class RolloutRole:
             spec = JobSpec.parse(state.spec_json)
             if spec.rl.mode != "sync":
                 continue
-            prefix = f"{plan.session_prefix(tenant, job_id)}-it"
-            requested = sum(1 for sid in state.sessions if sid.startswith(prefix))
+            prefix = plan.session_prefix(tenant, job_id)
+            found = (iteration_of(sid, prefix) for sid in state.sessions)
+            requested = len({f[0] for f in found if f is not None})  # iterations, whatever their parts
             last = self.published.get((tenant, job_id))
             trained = last.metrics.get("iteration") if last else None
             if trained is None or int(trained) != requested - 1 or requested >= spec.rl.iterations:
                 continue
-            session = plan.iteration_session(spec, requested, last.version, self.producer_id)
-            await self.producer.send(
-                tenant_topic(self.settings, tenant, "sessions"), session, key=session.session_id
-            )
-            state.sessions.setdefault(session.session_id, "REQUESTED")  # until the book reads it back
+            sessions = plan.iteration_sessions(spec, requested, last.version, self.producer_id)
+            for session in sessions:
+                await self.producer.enqueue(
+                    tenant_topic(self.settings, tenant, "sessions"), session, key=session.session_id
+                )
+            await self.producer.flush()
+            for session in sessions:
+                state.sessions.setdefault(session.session_id, "REQUESTED")  # until the book reads it back
             log.info(
                 "next iteration requested",
                 tenant=tenant,
                 job=job_id,
                 iteration=requested,
                 policy_version=last.version,
+                sessions=len(sessions),
             )

@@ -67,7 +67,9 @@ class Service:
         if backbone is None and load:
             backbone = load_backbone(settings)
         info = backbone.info if backbone is not None else describe_backbone(settings)
-        return cls(settings, info, PolicyStore(settings.policy_dir), book, tensors, backbone)
+        budget = settings.train_forward_budget_ms
+        gate = DeviceGate(train_budget_s=None if budget is None else budget / 1000.0)
+        return cls(settings, info, PolicyStore(settings.policy_dir), book, tensors, backbone, gate)
 
     async def close(self) -> None:
         await self.book.stop()

@@ -8,6 +8,14 @@ pushes. The instruction names the target's colour ("reach the blue target");
 with ``distractors`` > 0 other colours are in the scene too, so the goal is
 known only from the image AND the instruction.
 
+Rewards pay progress and success, never presence: a step earns the distance it
+closed (in full-speed steps, so a step straight at the aim earns about 1) minus
+``STEP_COST``, and reaching the goal earns ``SUCCESS_BONUS`` and ends the
+episode. Hovering next to the target costs, so the best return is to reach it,
+fast: with a
+dense "closeness" reward, hovering short of success paid more than ending the
+episode, and PPO learnt to hover (measured: success stayed near 0).
+
 Camera 0 sees the whole scene; camera 1 (``cameras=2``) is an agent-centred
 "wrist" view at twice the zoom, black beyond the walls. Everything random in
 an episode comes from ``numpy.random.default_rng(seed)`` at reset; steps are
@@ -40,6 +48,12 @@ BLOCK_WALL = 1.0 - BLOCK_RADIUS
 REACH_TOLERANCE = 0.1  # agent centre within this of the target centre
 PUSH_TOLERANCE = 0.1  # block centre within this of the target centre
 DEFAULT_MAX_STEPS = 50
+PROGRESS_GAIN = 1.0 / SPEED  # reward per world unit of distance closed: about 1 per full-speed step
+SUCCESS_BONUS = 5.0  # on the step that succeeds
+# paid every step: stopping short of the goal costs, so a policy that hovers near it (PPO's mean action
+# shrinks there while sampling noise still succeeds) is pushed in (measured: deterministic success
+# 0.50 -> 0.83 after 30 iterations with the cost and this bonus, against bonus 2 without)
+STEP_COST = 0.2
 MAX_CAMERAS = 2
 
 
@@ -82,6 +96,7 @@ class _PlanarSim:
         )
         self.agent = np.zeros(2)
         self.velocity = np.zeros(2)
+        self._dist = self._gap = 0.0  # distances at the last step: the reward pays their decrease
         self.targets = np.zeros((1 + task_options.distractors, 2))  # row 0 is the goal
         self.colors: list[str] = []
 
@@ -142,7 +157,11 @@ class _PlanarSim:
 
 
 class ReachSim(_PlanarSim):
-    """Move the agent onto the target of the named colour. Reward ``1 - tanh(3 d)`` (+1 on success)."""
+    """Move the agent onto the target of the named colour.
+
+    Reward: ``PROGRESS_GAIN * (d_before - d_after) - STEP_COST`` for the agent-goal distance ``d``,
+    plus ``SUCCESS_BONUS`` when the agent's centre gets within ``REACH_TOLERANCE`` (which ends the episode).
+    """
 
     base_state_dim = 6  # agent xy, velocity xy, goal xy; then distractor xy pairs
 
@@ -155,13 +174,15 @@ class ReachSim(_PlanarSim):
         self._place_targets(rng, -0.8, 0.8, first, min_dist=0.45)
         self.agent = _sample_far(rng, -0.85, 0.85, [first], 0.5)
         self.velocity = np.zeros(2)
+        self._dist = float(np.linalg.norm(self.agent - self.goal))
         return self._obs()
 
     def step(self, action: np.ndarray) -> SimStep:
         self._move_agent(action)
         dist = float(np.linalg.norm(self.agent - self.goal))
         success = dist < REACH_TOLERANCE
-        reward = 1.0 - np.tanh(3.0 * dist) + float(success)
+        reward = PROGRESS_GAIN * (self._dist - dist) + SUCCESS_BONUS * float(success) - STEP_COST
+        self._dist = dist
         return SimStep(self._obs(), float(reward), terminated=success, truncated=False, success=success)
 
     def _state(self) -> np.ndarray:
@@ -175,8 +196,9 @@ class ReachSim(_PlanarSim):
 class PushSim(_PlanarSim):
     """Push the block onto the target of the named colour.
 
-    Reward: ``0.5 (1 - tanh(3 gap))`` for the agent near the block, plus
-    ``1 - tanh(3 d)`` for the block near the goal, plus 1 on success.
+    Reward: ``PROGRESS_GAIN * (0.5 (gap_before - gap_after) + (d_before - d_after)) - STEP_COST`` for
+    the agent-block gap and the block-goal distance ``d``, plus ``SUCCESS_BONUS`` when the block's centre
+    gets within ``PUSH_TOLERANCE`` of the goal (which ends the episode).
     """
 
     base_state_dim = 8  # agent xy, velocity xy, block xy, goal xy; then distractor xy pairs
@@ -197,7 +219,14 @@ class PushSim(_PlanarSim):
         self._place_targets(rng, -0.8, 0.8, goal, min_dist=0.45)
         self.agent = _sample_far(rng, -0.85, 0.85, [self.block], 0.3)
         self.velocity = np.zeros(2)
+        self._dist, self._gap = self._distances()
         return self._obs()
+
+    def _distances(self) -> tuple[float, float]:
+        """(block-goal distance, agent-block gap between their rims)."""
+        dist = float(np.linalg.norm(self.block - self.goal))
+        gap = max(0.0, float(np.linalg.norm(self.agent - self.block)) - AGENT_RADIUS - BLOCK_RADIUS)
+        return dist, gap
 
     def _contacts(self) -> None:
         reach = AGENT_RADIUS + BLOCK_RADIUS
@@ -214,10 +243,11 @@ class PushSim(_PlanarSim):
 
     def step(self, action: np.ndarray) -> SimStep:
         self._move_agent(action)
-        dist = float(np.linalg.norm(self.block - self.goal))
-        gap = max(0.0, float(np.linalg.norm(self.agent - self.block)) - AGENT_RADIUS - BLOCK_RADIUS)
+        dist, gap = self._distances()
         success = dist < PUSH_TOLERANCE
-        reward = 0.5 * (1.0 - np.tanh(3.0 * gap)) + 1.0 - np.tanh(3.0 * dist) + float(success)
+        progress = 0.5 * (self._gap - gap) + (self._dist - dist)
+        reward = PROGRESS_GAIN * progress + SUCCESS_BONUS * float(success) - STEP_COST
+        self._dist, self._gap = dist, gap
         return SimStep(self._obs(), float(reward), terminated=success, truncated=False, success=success)
 
     def _draw_scene(self, canvas: Canvas) -> None:

@@ -94,6 +94,12 @@ class Settings(BaseSettings):
     inference_target_batch: int = Field(8, ge=1, description="Inference groups flush at B requests...")
     inference_max_wait_ms: float = Field(5.0, ge=0, description="...or when the oldest waited T ms.")
     train_max_batch_jobs: int = Field(16, ge=1, description="Gradient jobs grouped into one forward.")
+    train_forward_budget_ms: float | None = Field(
+        200.0, gt=0, description="Longest a training forward may hold the device (rows split into chunks "
+        "sized to it, so inference goes between them); unset: one forward per group.")
+    train_feature_cache_mb: float = Field(
+        512.0, ge=0, description="backbone-train keeps features by content up to this size, so PPO and SFT "
+        "epochs forward each distinct input once; 0: off.")
     policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
     tensor_inline_max_bytes: int = Field(
         256 * 1024, ge=0, description="Feature tensors above this size travel by reference (tensor store).")

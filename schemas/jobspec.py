@@ -98,7 +98,9 @@ class RLSpec(_Section):
     # async: collection never waits; samples more than max_policy_lag versions old are dropped
     mode: Literal["sync", "async"] = "sync"
     max_policy_lag: int = Field(1, ge=0)
-    envs: int = Field(1, ge=1, le=256)  # async: concurrent sessions
+    # sessions collecting at once: sync splits each iteration's episodes between them (same result
+    # for any count), async runs them all the time
+    envs: int = Field(1, ge=1, le=256)
 
 
 class SFTSpec(_Section):

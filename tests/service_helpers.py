@@ -82,9 +82,16 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 
 def held_out_return(policy, *, episodes: int, max_steps: int, first_seed: int = 1_000_000) -> float:
-    """Mean return of ``policy`` (a ServedPolicy from Client.load_policy) acting deterministically on
-    the built-in Reach task, on fixed episode seeds no training run uses: the same episodes for every
-    version, so two versions are compared pairwise, without sampling noise (blocking: use a thread)."""
+    """Mean return of ``policy`` on held-out Reach episodes (see ``held_out``)."""
+    return held_out(policy, episodes=episodes, max_steps=max_steps, first_seed=first_seed)[0]
+
+
+def held_out(policy, *, episodes: int, max_steps: int, first_seed: int = 1_000_000,
+             state_in_proprio: bool = True) -> tuple[float, float]:
+    """(mean return, success rate) of ``policy`` (a ServedPolicy from Client.load_policy) acting
+    deterministically on the built-in Reach task, on fixed episode seeds no training run uses: the same
+    episodes for every version, so two versions are compared pairwise, without sampling noise
+    (blocking: use a thread)."""
     import numpy as np
 
     from envs import make_simulator
@@ -92,11 +99,12 @@ def held_out_return(policy, *, episodes: int, max_steps: int, first_seed: int = 
     sim = make_simulator("joynexus/Reach-v0", obs_mode="rgb+state", image_size=32,
                          max_episode_steps=max_steps)
     try:
-        returns = []
+        returns, successes = [], []
         for k in range(episodes):
             obs, total = sim.reset(first_seed + k), 0.0
             for _ in range(max_steps):
-                proprio = np.concatenate([obs.proprio, obs.state]).astype(np.float32)  # state_in_proprio
+                proprio = (np.concatenate([obs.proprio, obs.state]) if state_in_proprio
+                           else obs.proprio).astype(np.float32)
                 images = [obs.image] if obs.image.ndim == 3 else list(obs.image)
                 step = sim.step(policy.act(images, obs.instruction, proprio).reshape(-1))
                 total += step.reward
@@ -104,6 +112,7 @@ def held_out_return(policy, *, episodes: int, max_steps: int, first_seed: int = 
                 if step.terminated or step.truncated:
                     break
             returns.append(total)
-        return float(np.mean(returns))
+            successes.append(step.success)
+        return float(np.mean(returns)), float(np.mean(successes))
     finally:
         sim.close()

@@ -27,7 +27,7 @@ from schemas import events as ev
 from schemas.jobstate import JobState
 from schemas.tensors import from_numpy, to_numpy
 from tests.helpers import wait_for
-from tests.service_helpers import SMALL_ENV, Stack, held_out_return, iteration_returns, tree_digest
+from tests.service_helpers import SMALL_ENV, Stack, held_out, iteration_returns, tree_digest
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -130,55 +130,78 @@ async def test_cancel_stops_a_job_and_others_finish(stack: Stack, unique: str) -
 
 
 # ---------------------------------------------------------------------------------------------- 3
-# Measured on the tiny backbone and Reach (20-step episodes, 8 per iteration, lr 3e-3, 4 PPO epochs):
-# * the mean return of the SAMPLED training episodes of one iteration is noise: first -> last over 20
-#   iterations went 0.89 -> 0.18, 0.33 -> 0.72, 1.07 -> 0.43 for three seeds. Reported, not asserted.
-# * the policy acting deterministically on fixed held-out episodes (the same for every version, so
-#   versions compare pairwise) is what improves: the initial policy scores 0.307 on the 24 episodes
-#   below; after 6 iterations 18 independent runs scored 0.345..0.701 (gain +0.04..+0.39, mean +0.20,
-#   3 of 18 under +0.1). So three tenants train at once, and the test asserts on their mean gain
-#   (>= +0.05) and that at least two of the three improve. SFT: the loss of the last publish window
-#   is below the first one's (measured 0.477 -> 0.229 over 8 windows).
-RL_ENV = {"max_episode_steps": 20}
-RL_IMPROVES = {"iterations": 6, "episodes_per_iteration": 8, "minibatch_size": 64, "ppo_epochs": 4}
-RL_SEEDS = (0, 1, 2)
+# Learning a user can see: SUCCESS on held-out episodes (the same for every version, the policy acting
+# deterministically), not only return. Measured on the tiny backbone and Reach with the progress +
+# success reward (envs/builtin.py), 30-step episodes, 8 per iteration, 10 PPO epochs, gamma 0.95, with
+# the offline replica of this pipeline (benchmarks/ppo_tuning.py; the same returns and scores as the
+# service to every printed digit where compared): held-out success 0.00 at version 1; after 20
+# iterations 0.58 (seed 0) and 0.54
+# (seed 1), after 30 iterations 0.83 and 0.38. THRESHOLD (RL): final success >= first + 0.3, and the
+# held-out return rises (measured in this test: success 0.00 -> 0.58, return -6.00 -> 7.64). SFT (8
+# expert demos, rgb only: the goal must come from image + instruction): the loss of the last publish
+# window is below the first one's, and the trained policy's actions are closer to the expert's on
+# held-out demonstrations than the untrained policy's (measured here: mean L1 0.859 -> 0.737). Its
+# held-out Reach return did NOT beat the untrained policy's (-4.78 vs -3.12 after 6 epochs over 8
+# demos), so that is not asserted.
+RL_ENV = {"max_episode_steps": 30}
+RL_LEARNS = {"iterations": 20, "episodes_per_iteration": 8, "minibatch_size": 64, "ppo_epochs": 10,
+             "gamma": 0.95, "envs": 4}
+RL_SEED = 0
 HELD_OUT = 24  # episodes
-RL_MARGIN = 0.05  # THRESHOLD (RL): mean over seeds of (final - initial) held-out return >= 0.05
+RL_SUCCESS_MARGIN = 0.3
 
 
-async def test_rl_return_and_sft_loss_improve(stack: Stack, unique: str, reach_demos: Path) -> None:
-    # Fixed seeds: sampled actions depend on the spec's seed alone, so each run is one
-    # reproducible draw, not a fresh one per test session.
-    rl = {seed: await stack.client.submit(stack.rl_spec(
-        f"rl-up{seed}-{unique}", "job-rl-improves", seed=seed, env=RL_ENV, rl=RL_IMPROVES,
-        optim={"lr": 3e-3})) for seed in RL_SEEDS}
+async def test_rl_success_and_sft_policy_improve(stack: Stack, unique: str, reach_demos: Path,
+                                                 tmp_path: Path) -> None:
+    # A fixed seed: sampled actions depend on the spec's seed alone, so the run is one reproducible draw.
+    rl = await stack.client.submit(stack.rl_spec(f"rl-up-{unique}", "job-rl-learns", seed=RL_SEED,
+                                                 env=RL_ENV, rl=RL_LEARNS, optim={"lr": 3e-3}))
     sft = await stack.client.submit(sft_spec(f"sft-up-{unique}", f"job-sft-up-{unique}", reach_demos,
                                              epochs=6))
 
     sft_state = await stack.follow(sft)
     losses = [h["train_loss"] for h in sft_state.history if "train_loss" in h]
     assert len(losses) >= 3, sft_state.history
-    # THRESHOLD (SFT): the mean training loss of the last publish window is below the first one's
     assert losses[-1] < losses[0], losses
+    held_out_demos = tmp_path / "held-out-demos"
+    await asyncio.to_thread(generate_dataset, "joynexus/Reach-v0", held_out_demos, episodes=4, seed=99,
+                            image_size=32, max_episode_steps=20, progress=False)
+    sft_scores = {}
+    for version in (1, sft_state.policy_version):
+        policy = stack.client.load_policy(sft.tenant, version, backbone=stack.service.backbone)
+        sft_scores[version] = await asyncio.to_thread(action_error, policy, held_out_demos)
 
-    gains, report = {}, {}
-    for seed, job in rl.items():
-        state = await stack.follow(job)
-        returns = iteration_returns(state)
-        assert sorted(returns) == list(range(RL_IMPROVES["iterations"])), returns
-        first, last = 1, state.policy_version
-        assert last == first + RL_IMPROVES["iterations"]
-        scores = {}
-        for version in (first, last):
-            policy = stack.client.load_policy(job.tenant, version, backbone=stack.service.backbone)
-            scores[version] = await asyncio.to_thread(held_out_return, policy, episodes=HELD_OUT,
-                                                      max_steps=RL_ENV["max_episode_steps"])
-        gains[seed] = scores[last] - scores[first]
-        report[seed] = {"sampled": {k: round(v, 3) for k, v in returns.items()},
-                        "held_out": {k: round(v, 3) for k, v in scores.items()}}
-    print(f"RL per seed {report}; SFT losses {[round(x, 4) for x in losses]}")
-    assert sum(gains.values()) / len(gains) >= RL_MARGIN, report
-    assert sum(g > 0 for g in gains.values()) >= 2, report
+    state = await stack.client.follow(rl, timeout_s=900)
+    assert state.phase == "completed", (state.phase, state.reason)
+    returns = iteration_returns(state)
+    assert sorted(returns) == list(range(RL_LEARNS["iterations"])), returns
+    first, last = 1, state.policy_version
+    assert last == first + RL_LEARNS["iterations"]
+    scores = {}
+    for version in (first, last):
+        policy = stack.client.load_policy(rl.tenant, version, backbone=stack.service.backbone)
+        scores[version] = await asyncio.to_thread(held_out, policy, episodes=HELD_OUT,
+                                                  max_steps=RL_ENV["max_episode_steps"])
+    sampled = [round(r, 2) for r in returns.values()]
+    print(f"RL held-out (return, success) {scores}; sampled returns {sampled}; "
+          f"SFT held-out {sft_scores}; SFT losses {[round(x, 4) for x in losses]}")
+    (ret0, success0), (ret1, success1) = scores[first], scores[last]
+    assert success1 >= success0 + RL_SUCCESS_MARGIN, scores
+    assert ret1 > ret0, scores
+    assert sft_scores[sft_state.policy_version] < sft_scores[1], sft_scores
+
+
+def action_error(policy, demos: Path) -> float:
+    """Mean L1 distance between the policy's actions and the expert's on held-out demonstrations."""
+    from producers.dataset.format import Dataset
+
+    dataset, errors = Dataset(demos), []
+    for k in range(dataset.num_episodes):
+        episode = dataset.episode(k)
+        for t in range(len(episode.actions)):
+            action = policy.act(list(episode.images[t]), episode.instruction, episode.proprio[t]).reshape(-1)
+            errors.append(float(np.abs(action - episode.actions[t].reshape(-1)).mean()))
+    return float(np.mean(errors))
 
 
 # ---------------------------------------------------------------------------------------------- 4
@@ -228,6 +251,39 @@ async def test_grouped_run_equals_run_alone(stack: Stack, unique: str, reach_dem
     assert iteration_returns(grouped) == iteration_returns(alone)
     for version in versions[1:]:  # every update, whoever shared the training forwards
         same(version)
+
+
+async def test_parallel_env_sessions_change_nothing_in_the_result(stack: Stack, unique: str) -> None:
+    """``rl.envs``: the same spec collected by one session per iteration, and by four sessions at once
+    (5 episodes over 4 sessions: 2+1+1+1), gives bit-identical checkpoints:
+    episodes keep their seeds and action noise, and the iteration's batch is assembled in episode
+    order whichever session finished first."""
+    rl = {"iterations": 2, "episodes_per_iteration": 5, "minibatch_size": 16, "ppo_epochs": 2}
+    env = {"max_episode_steps": 12}
+    one_t, four_t = f"envs1-{unique}", f"envs4-{unique}"
+    one, four = [await stack.client.submit(stack.rl_spec(tenant, f"job-envs-{unique}", seed=5, env=env,
+                                                         rl={**rl, "envs": n}))
+                 for tenant, n in ((one_t, 1), (four_t, 4))]
+    one_state, four_state = await stack.follow(one), await stack.follow(four)
+
+    assert len(one_state.resources["sessions"].split(",")) == 1
+    assert len(four_state.resources["sessions"].split(",")) == 4, four_state.resources
+    sessions = [e for e in await stack.events(four_t, "sessions") if isinstance(e, ev.EnvSessionRequested)]
+    assert sorted(s.episodes for s in sessions) == [1, 1, 1, 1, 1, 1, 2, 2], "two iterations of 2+1+1+1"
+    rollouts = [e for e in await stack.events(four_t, "rollouts") if isinstance(e, ev.RolloutRecord)]
+    assert len({r.session_id for r in rollouts}) == 8, "every session played its episodes"
+
+    assert iteration_returns(one_state) == iteration_returns(four_state)
+    versions = stack.store.versions(one_t)
+    assert versions == stack.store.versions(four_t) == [1, 2, 3]
+    for version in versions:
+        a, b = stack.store.load(one_t, version).state, stack.store.load(four_t, version).state
+        assert a.step == b.step
+        for part in ("model", "train"):
+            ta, tb = getattr(a, part), getattr(b, part)
+            assert sorted(ta) == sorted(tb)
+            differ = [name for name in ta if not torch.equal(ta[name], tb[name])]
+            assert not differ, f"version {version}: {part} tensors differ with envs=4: {differ}"
 
 
 async def first_step(stack: Stack, job: JobState) -> ev.RolloutRecord:

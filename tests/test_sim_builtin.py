@@ -139,3 +139,45 @@ def test_a_do_nothing_policy_fails_so_success_is_not_free() -> None:
                 break
         successes.append(out.success)
     assert not any(successes)
+
+
+def episode_return(sim, seed: int, policy) -> tuple[float, bool]:
+    """Return and success of one episode, ``policy(sim) -> action`` reading the simulator's truth."""
+    sim.reset(seed)
+    total = 0.0
+    while True:
+        out = sim.step(policy(sim))
+        total += out.reward
+        if out.terminated or out.truncated:
+            return total, out.success
+
+
+def _toward(offset: np.ndarray) -> np.ndarray:
+    action = offset / 0.1  # SPEED: the action that covers the offset in one step, clipped by the sim
+    return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+
+@pytest.mark.parametrize("env_id", BUILTIN)
+def test_reaching_the_goal_pays_more_than_hovering_next_to_it(env_id: str) -> None:
+    """The reward must pay success: a policy that stops just outside the success tolerance (Reach:
+    the agent 0.15 from the goal; Push: the agent parked beside the block) earns less than the
+    scripted expert on every seed, whose episodes end early on success."""
+    sim = make_simulator(env_id, obs_mode="state", max_episode_steps=50)
+    expert = make_expert(env_id, noise=0.0)
+
+    def hover(s) -> np.ndarray:
+        truth = s.privileged()
+        if env_id.endswith("Reach-v0"):
+            offset = truth["goal"] - truth["agent"]
+            aim = truth["goal"] - offset / max(np.linalg.norm(offset), 1e-9) * 0.15
+        else:  # beside the block, on the side away from the goal, never pushing it
+            away = truth["block"] - truth["goal"]
+            aim = truth["block"] + away / max(np.linalg.norm(away), 1e-9) * 0.2
+        return _toward(aim - truth["agent"])
+
+    for seed in range(20):
+        expert.reset(seed)
+        reached, success = episode_return(sim, seed, lambda s: expert.act(None, s))
+        hovered, hover_success = episode_return(sim, seed, hover)
+        assert success and not hover_success, (seed, success, hover_success)
+        assert reached > hovered + 1.0, (seed, reached, hovered)

@@ -38,6 +38,7 @@ from infra.topics import parse_topic, sibling_topic, tenant_stream_pattern, tena
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
+from schemas.sessions import rollout_key
 
 __all__ = ["EnvWorker", "progress_key"]
 
@@ -235,7 +236,7 @@ class EnvWorker:
             rollouts = tenant_topic(self.settings, progress.tenant_id, "rollouts")
             async with producer.transaction():
                 for record in records:
-                    await producer.enqueue(rollouts, record, key=record.session_id)
+                    await producer.enqueue(rollouts, record, key=rollout_key(record.session_id))
                 await producer.enqueue_raw(tp.topic, self.codec.encode(progress),
                                            key=progress_key(progress.session_id), partition=tp.partition)
             self._progress[progress.session_id] = progress

@@ -2,9 +2,12 @@
 
 Everything is a pure function of the spec (plus what the environment or the
 dataset says about its widths), so the master, the rollout role and a replay
-all derive the same session ids, seeds and plans. Session ``<tenant>.<job>-it<k>`` is
-RL iteration k; its episode e resets with ``train_seed(spec) + k * E + e``;
-evaluation episodes use seeds from ``EVAL_SEED_BASE`` on, never seen in training.
+all derive the same session ids, seeds and plans (names: ``schemas/sessions.py``).
+Sync RL iteration k is one session, or ``rl.envs`` parallel sessions that split its E
+episodes into contiguous runs; either way its episode e resets with
+``train_seed(spec) + k * E + e`` and draws the action noise of that seed, so which
+session (and which env worker) plays an episode changes nothing in it. Evaluation
+episodes use seeds from ``EVAL_SEED_BASE`` on, never seen in training.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from producers.dataset.feeder import FeedPlan
 from producers.dataset.format import Dataset, DatasetError, layout_batches
 from schemas import events as ev
 from schemas.jobspec import JobSpec
+from schemas.sessions import part_slices, rl_session_id, session_prefix
 from tenants.config import HeadConfig, OptimConfig, PPOConfig, SuffixConfig, TenantConfig
 
 __all__ = [
@@ -26,7 +30,7 @@ __all__ = [
     "env_dims",
     "eval_session",
     "feed_plan",
-    "iteration_session",
+    "iteration_sessions",
     "rl_session_id",
     "tenant_config",
 ]
@@ -116,16 +120,6 @@ def tenant_config(spec: JobSpec, hidden_size: int, dims: Dims) -> TenantConfig:
     )
 
 
-def session_prefix(tenant: str, job_id: str) -> str:
-    # Session ids key records in shared consumers (env, inference): they must be unique across
-    # tenants, and job ids are only unique within a tenant.
-    return f"{tenant}.{job_id}"
-
-
-def rl_session_id(tenant: str, job_id: str, iteration: int) -> str:
-    return f"{session_prefix(tenant, job_id)}-it{iteration}"
-
-
 def train_seed(spec: JobSpec) -> int:
     return (spec.seed % SEED_BLOCKS) * SEED_STRIDE
 
@@ -162,20 +156,25 @@ def _session(
     )
 
 
-def iteration_session(
+def iteration_sessions(
     spec: JobSpec, iteration: int, version: int | None, producer: str
-) -> ev.EnvSessionRequested:
-    """RL iteration k (sync: pinned to the version it collects with)."""
+) -> list[ev.EnvSessionRequested]:
+    """Sync RL iteration k (pinned to the version it collects with): ``min(rl.envs, E)`` sessions,
+    session j playing the contiguous run of episodes ``part_slices`` gives it, with their seeds."""
     e = spec.rl.episodes_per_iteration
-    return _session(
-        spec,
-        rl_session_id(spec.tenant, spec.job_id, iteration),
-        train_seed(spec) + iteration * e,
-        e,
-        version,
-        False,
-        producer,
-    )
+    slices = part_slices(e, spec.rl.envs)
+    return [
+        _session(
+            spec,
+            rl_session_id(spec.tenant, spec.job_id, iteration, None if len(slices) == 1 else j),
+            train_seed(spec) + iteration * e + first,
+            count,
+            version,
+            False,
+            producer,
+        )
+        for j, (first, count) in enumerate(slices)
+    ]
 
 
 def async_sessions(spec: JobSpec, producer: str) -> list[ev.EnvSessionRequested]:

@@ -213,7 +213,7 @@ class Master:
             version, config_outputs, resources = await self._initial_policy(spec)
             outputs += config_outputs
             if spec.kind == "rl" and spec.rl.mode == "sync":
-                sessions = [plan.iteration_session(spec, 0, version, self.producer_id)]
+                sessions = plan.iteration_sessions(spec, 0, version, self.producer_id)
             elif spec.kind == "rl":
                 sessions = plan.async_sessions(spec, self.producer_id)
             else:

@@ -1,0 +1,83 @@
+"""Features by content: a frozen backbone's output for an input, computed once and reused.
+
+The backbone is frozen, so a row's feature is a pure function of (backbone id,
+prepared input): the same image and instruction tokens give the same hidden
+states, whatever else shares the forward (``backbone/grouped.py``). PPO sends
+the same observations again in every epoch and SFT the same demonstrations in
+every dataset epoch; with this cache each distinct input is forwarded once
+while it stays cached. Keys are sha256 digests of the backbone id and of every
+tensor the forward reads (pixels, patch grid, token ids, attention mask);
+proprio and task id are not forward inputs and come from the request each
+time. Entries are evicted least recently used beyond ``max_bytes``. A hit
+returns the very tensors the forward computed, so results are bit-identical to
+recomputing (tested), and a process that restarts with an empty cache computes
+the same features again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import torch
+
+from backbone.feature import VLAFeature
+from backbone.inputs import Prepared
+
+__all__ = ["FeatureCache", "for_request"]
+
+
+def _tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().cpu().contiguous()
+    return f"{t.dtype}{tuple(t.shape)}".encode() + t.view(torch.uint8).numpy().tobytes()
+
+
+def for_request(feature: VLAFeature, p: Prepared) -> VLAFeature:
+    """``feature``'s backbone outputs with ``p``'s own proprio and task id (not forward inputs)."""
+    return VLAFeature(feature.sequence, feature.attention_mask, feature.pooled, p.proprio.unsqueeze(0),
+                      torch.tensor([p.task_id]))
+
+
+class FeatureCache:
+    def __init__(self, backbone_id: str, max_bytes: int):
+        self.backbone_id = backbone_id
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+
+    def key(self, p: Prepared) -> str:
+        digest = hashlib.sha256(self.backbone_id.encode())
+        for t in (p.pixels.values, p.pixels.grid_thw, p.input_ids, p.attention_mask):
+            digest.update(b"-" if t is None else _tensor_bytes(t))
+        digest.update(repr(p.pixels.tokens_per_camera).encode())
+        return digest.hexdigest()
+
+    def get(self, p: Prepared, key: str | None = None) -> VLAFeature | None:
+        key = key or self.key(p)
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        sequence, mask, pooled = entry
+        return VLAFeature(sequence, mask, pooled, p.proprio.unsqueeze(0), torch.tensor([p.task_id]))
+
+    def put(self, p: Prepared, feature: VLAFeature, key: str | None = None) -> None:
+        key = key or self.key(p)
+        if key in self._entries or self.max_bytes <= 0:
+            return
+        entry = (feature.sequence, feature.attention_mask, feature.pooled)
+        size = sum(t.numel() * t.element_size() for t in entry)
+        if size > self.max_bytes:
+            return
+        self._entries[key] = entry
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            _, old = self._entries.popitem(last=False)
+            self.bytes -= sum(t.numel() * t.element_size() for t in old)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,33 @@
+"""Session ids of a job (``schemas/sessions.py``): how an RL iteration is split between parallel
+sessions, and the rollout key that keeps an iteration's parts on one partition."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.sessions import iteration_of, part_slices, rl_session_id, rollout_key
+
+
+@pytest.mark.parametrize(("episodes", "envs", "expected"), [
+    (8, 1, [(0, 8)]),
+    (8, 4, [(0, 2), (2, 2), (4, 2), (6, 2)]),
+    (5, 4, [(0, 2), (2, 1), (3, 1), (4, 1)]),
+    (3, 8, [(0, 1), (1, 1), (2, 1)]),  # never an empty session
+])
+def test_an_iteration_is_split_into_contiguous_runs_in_order(episodes, envs, expected) -> None:
+    slices = part_slices(episodes, envs)
+    assert slices == expected
+    assert [e for first, count in slices for e in range(first, first + count)] == list(range(episodes))
+
+
+def test_iteration_ids_parse_back_and_parts_share_a_rollout_key() -> None:
+    prefix = "acme.job-it3-s2"  # a job id that looks like a part must not confuse the parser
+    only, part = rl_session_id("acme", "job-it3-s2", 7), rl_session_id("acme", "job-it3-s2", 7, 2)
+    assert iteration_of(only, prefix) == (7, None)
+    assert iteration_of(part, prefix) == (7, 2)
+    assert iteration_of(f"{prefix}-eval", prefix) is None
+    assert iteration_of(f"{prefix}-env0", prefix) is None
+    assert iteration_of(rl_session_id("acme", "other", 7), prefix) is None
+    assert rollout_key(part) == rollout_key(rl_session_id("acme", "job-it3-s2", 7, 0)) == only
+    assert rollout_key(only) == only
+    assert rollout_key(f"{prefix}-eval") == f"{prefix}-eval"
