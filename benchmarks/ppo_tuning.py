@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from backbone.feature import VLAFeature
+from backbone.info import set_torch_threads
 from backbone.inputs import VLARequest
-from backbone.model import Backbone, set_torch_threads
+from backbone.model import Backbone
 from consumers.inference import action_generator
 from consumers.master import plan
 from envs import make_simulator
