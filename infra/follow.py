@@ -18,6 +18,7 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from infra.connection import client_options
 from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
@@ -40,7 +41,7 @@ class TopicFollower:
         self.name = name
         self.codec = codec or Codec()
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap, client_id=f"{settings.client_id}-{name}",
+            **client_options(settings), client_id=f"{settings.client_id}-{name}",
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", metadata_max_age_ms=2000)
         self.applied = 0

@@ -20,6 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
 
+from infra.connection import client_options
 from infra.errors import TopicError
 from infra.logging import get_logger
 from infra.settings import Settings
@@ -152,7 +153,7 @@ class TopicAdmin:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=settings.bootstrap, client_id=f"{settings.client_id}-admin",
+            **client_options(settings), client_id=f"{settings.client_id}-admin",
             request_timeout_ms=settings.request_timeout_ms,
         )
 

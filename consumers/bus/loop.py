@@ -28,6 +28,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.protocols import Handler, RecordContext
+from infra.connection import client_options
 from infra.errors import ProcessingError, SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
@@ -59,7 +60,7 @@ def make_consumer(
 ) -> AIOKafkaConsumer:
     extra = {"partition_assignment_strategy": assignors} if assignors else {}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
+        **client_options(settings),
         client_id=settings.client_id,
         group_id=group_id,
         enable_auto_commit=False,
