@@ -1,6 +1,7 @@
 """The ``joynexus`` command line, one module per command group.
 
-    joynexus broker fetch|up|down|status|logs     the local Kafka broker            (broker.py)
+    joynexus broker fetch|up [--secure]|down|...  the local Kafka broker            (broker.py)
+    joynexus tenant create|delete|list            tenants of a secure broker        (tenants.py)
     joynexus topics ensure|list|delete            topic provisioning                (bus.py)
     joynexus replay TOPIC [window] [--json]       read events without touching any group
     joynexus schemas                              schema names and fingerprints
@@ -15,12 +16,12 @@ from __future__ import annotations
 
 import typer
 
-from infra.cli import assets, broker, bus, jobs, service
+from infra.cli import assets, broker, bus, jobs, service, tenants
 
 __all__ = ["app"]
 
 app = typer.Typer(no_args_is_help=True, help="joynexus: multi-tenant VLA post-training on Kafka.")
 app.add_typer(broker.app, name="broker")
-for group in (bus, assets, service, jobs):  # their commands and sub-groups sit at the top level
+for group in (bus, assets, service, jobs, tenants):  # their commands and sub-groups sit at the top level
     app.registered_commands.extend(group.app.registered_commands)
     app.registered_groups.extend(group.app.registered_groups)

@@ -27,14 +27,25 @@ def broker_fetch() -> None:
 
 
 @app.command("up")
-def broker_up() -> None:
+def broker_up(
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="SASL/SCRAM listeners, ACLs (StandardAuthorizer), a service principal. "
+        "Fixed per work directory when its storage is formatted.")] = False,
+) -> None:
     """Fetch (once), format (once) and start the broker; wait until it answers."""
+    settings = load_settings()
+    if secure:
+        settings = settings.model_copy(update={"broker_secure": True})
+    broker = LocalBroker(settings)
     try:
-        status = LocalBroker(load_settings()).up()
+        status = broker.up()
     except JoynexusError as exc:
         fail(exc)
     console.print(f"broker [green]ready[/green] on {status.bootstrap} "
                   f"(Kafka {status.version}, pid {status.pid}, data {status.data_dir})")
+    if broker.secure:  # the path only: passwords are never printed or logged here
+        console.print(f"secure: credentials of the service and the super user in {broker.secrets_file} "
+                      f"(mode 600); load them with  set -a; . {broker.secrets_file}; set +a")
 
 
 @app.command("down")
