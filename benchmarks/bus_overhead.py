@@ -31,6 +31,7 @@ from aiokafka.structs import TopicPartition
 from rich.progress import Progress
 
 from infra.broker import LocalBroker
+from infra.connection import client_options
 from infra.logging import configure_logging
 from infra.settings import Settings
 from infra.topics import TopicAdmin

@@ -29,7 +29,8 @@ def test_one_kafka_version_everywhere() -> None:
 
 # The roles where compute meets the bus (the architecture page: "a role in consumers/ is the only
 # place where the two meet"); every other module of consumers/ is bus code.
-ROLE_MODULES = {"inference.py", "backbone_train.py", "optimizer.py", "convert.py", "service.py"}
+ROLE_MODULES = {"inference.py", "backbone_train.py", "optimizer.py", "convert.py", "service.py",
+                "audit.py"}
 COMPUTE = ("backbone", "tenants", "envs")
 BUS = {"aiokafka", "faust", "kafka", "producers", "consumers"}
 

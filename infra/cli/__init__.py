@@ -10,18 +10,20 @@
     joynexus dataset generate|feed                offline demonstrations for SFT
     joynexus up | run ROLE | demo [--quick]       the service                       (service.py)
     joynexus submit FILE [-f] | status | cancel   tenants' jobs                     (jobs.py)
+    joynexus audit verify --tenant T [--version N]  re-derive policies from the log  (audit.py)
 """
 
 from __future__ import annotations
 
 import typer
 
-from infra.cli import assets, broker, bus, jobs, service, tenants
+from infra.cli import assets, audit, broker, bus, jobs, service, tenants
 
 __all__ = ["app"]
 
 app = typer.Typer(no_args_is_help=True, help="joynexus: multi-tenant VLA post-training on Kafka.")
 app.add_typer(broker.app, name="broker")
-for group in (bus, assets, service, jobs, tenants):  # their commands and sub-groups sit at the top level
+# their commands and sub-groups sit at the top level
+for group in (bus, assets, service, jobs, tenants, audit):
     app.registered_commands.extend(group.app.registered_commands)
     app.registered_groups.extend(group.app.registered_groups)
