@@ -24,21 +24,24 @@ second time after the read models caught up) fails its job with ``JobFailed`` (s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import uuid
 from collections import OrderedDict
+from datetime import UTC, datetime
 
 import numpy as np
 import torch
 from aiokafka.structs import ConsumerRecord
 
-from backbone.batcher import BatcherConfig, GroupBatcher
+from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
 from consumers.bus.loop import bind_record, make_consumer
 from consumers.convert import observation_request
 from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
 from infra.follow import TopicFollower
 from infra.logging import get_logger
-from infra.topics import tenant_stream_pattern, tenant_topic
+from infra.topics import shared_topic, tenant_stream_pattern, tenant_topic
 from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
@@ -84,6 +87,7 @@ class InferenceRole:
             ),
             gate=service.gate,
             queue="inference",
+            on_group=self._meter_group,
         )
         self.sessions: dict[str, ev.EnvSessionRequested] = {}
         self.latest: dict[str, int] = {}  # tenant -> latest published version
@@ -106,6 +110,9 @@ class InferenceRole:
         self._tasks: set[asyncio.Task] = set()
         self.heartbeat = Heartbeater(settings, self.producer, "inference", instance, details=self._health)
         self.answered = 0
+        self.usage: dict[str, float] = {}  # tenant -> device-seconds not yet published
+        self.run_id = uuid.uuid4().hex[:12]  # usage ids stay unique across restarts
+        self.usage_seq = 0
         self.failed_sessions: set[tuple[str, str]] = set()  # (tenant, session) of failed jobs
         self.failed_jobs: set[tuple[str, str]] = set()  # (tenant, job) this instance failed
 
@@ -146,6 +153,7 @@ class InferenceRole:
 
     async def run(self, stop: asyncio.Event) -> None:
         beats = asyncio.create_task(self.heartbeat.run(stop), name="inference-heartbeat")
+        metering = asyncio.create_task(self._usage_loop(stop), name="inference-usage")
         try:
             while not stop.is_set():
                 batches = await self.consumer.getmany(timeout_ms=100)
@@ -159,6 +167,7 @@ class InferenceRole:
         finally:
             stop.set()
             await beats
+            await metering
 
     async def _commit(self) -> None:
         try:
@@ -195,6 +204,32 @@ class InferenceRole:
                 tenant_topic(self.settings, obs.tenant_id, "actions"), action, key=obs.session_id
             )
             self.answered += 1
+
+    # ------------------------------------------------------------------ usage (metering)
+    # Each group's forward time is split between tenants by their share of its rows and published
+    # every usage_flush_s as UsageRecorded (at most once: observations are commit-as-read, and an
+    # unpublished sum dies with the process).
+    def _meter_group(self, record: GroupRecord) -> None:
+        for tenant in record.tenants:
+            self.usage[tenant] = self.usage.get(tenant, 0.0) + record.busy_s / record.size
+
+    async def _usage_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.usage_flush_s)
+            usage, self.usage = self.usage, {}
+            now = datetime.now(UTC)
+            for tenant, seconds in sorted(usage.items()):
+                self.usage_seq += 1
+                try:
+                    await self.producer.send(shared_topic(self.settings, "usage"), ev.UsageRecorded(
+                        envelope=ev.Envelope(tenant_id=tenant, producer_id=f"inference/{self.instance}"),
+                        usage_id=f"inference/{self.instance}/{self.run_id}/{self.usage_seq}",
+                        role="inference", resource="backbone.forward",
+                        device=str(self.service.backbone.device), seconds=seconds,
+                        window_start=now, window_end=now, group_size=1), key=tenant)
+                except Exception as exc:  # metering must never stop answering
+                    log.warning("usage not published", tenant=tenant, error_class=type(exc).__name__)
 
     # ------------------------------------------------------------------ a policy that cannot run
     # The env asks again every 10 s without an answer; a policy that fails for good would keep

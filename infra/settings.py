@@ -114,6 +114,11 @@ class Settings(BaseSettings):
     inference_max_wait_ms: float = Field(5.0, ge=0, description="...or when the oldest waited T ms.")
     train_max_batch_jobs: int = Field(16, ge=1, description="Gradient jobs grouped into one forward.")
     policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
+    usage_flush_s: float = Field(
+        5.0, gt=0, description="How often the inference role publishes its per-tenant device-seconds.")
+    metering_window_s: int = Field(
+        60, ge=1, description="Tumbling window of the metering tables; `joynexus usage --window` "
+        "sums whole windows, so it must be a multiple of this.")
     tensor_inline_max_bytes: int = Field(
         256 * 1024, ge=0, description="Feature tensors above this size travel by reference (tensor store).")
 
