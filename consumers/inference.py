@@ -41,7 +41,7 @@ from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
 from infra.follow import TopicFollower
 from infra.logging import get_logger
-from infra.topics import shared_topic, tenant_stream_pattern, tenant_topic
+from infra.topics import check_tenant, shared_topic, tenant_stream_pattern, tenant_topic
 from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
@@ -182,6 +182,7 @@ class InferenceRole:
                 obs = self.codec.decode(record.value)
                 if not isinstance(obs, ev.Observation):
                     raise SchemaError(f"expected an Observation, got {type(obs).__name__}")
+                check_tenant(record.topic, obs.tenant_id)  # the topic decides whose policy acts
             except (JoynexusError, ValueError) as exc:
                 log.error("observation not answered", error_class=type(exc).__name__, error=str(exc)[:300])
                 return

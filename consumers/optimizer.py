@@ -40,10 +40,10 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from consumers.bus.loop import bind_record, make_consumer
 from consumers.convert import targets_of, to_feature
 from consumers.service import Service
-from infra.errors import JoynexusError
+from infra.errors import JoynexusError, TenantMismatch
 from infra.follow import TopicFollower
 from infra.logging import get_logger
-from infra.topics import shared_topic, tenant_topic
+from infra.topics import check_tenant, shared_topic, tenant_topic
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -134,6 +134,11 @@ class TenantOptimizer:
             self.log.error("undecodable feature batch skipped", offset=record.offset, error=str(exc)[:200])
             return
         if not isinstance(batch, ev.FeatureBatch):
+            return
+        try:
+            check_tenant(record.topic, batch.tenant_id)
+        except TenantMismatch:  # a security event, logged; the batch is not ours to apply
+            await self._commit_outside(record)
             return
         if self.service.book.stopped(self.tenant, batch.job_id):
             if self.run_ and self.run_.spec.job_id == batch.job_id:

@@ -6,7 +6,9 @@ What a tenant is promised: with its credentials it can submit to its own jobs to
 own topics, and nothing else (another tenant's topics, the shared service topics, the service's
 consumer groups all answer with an authorization error); a tenant that floods is slowed to its
 quota while another tenant's job completes; ``tenant delete`` leaves nothing of the tenant behind;
-passwords appear once on the creating command's stdout and never in a log."""
+passwords appear once on the creating command's stdout and never in a log; a record whose envelope
+names another tenant than its topic is dead-lettered as a security event and changes nothing; SFT
+datasets are read only from the tenant's own datasets root."""
 
 from __future__ import annotations
 
@@ -38,9 +40,12 @@ from infra.security_admin import SecurityAdmin
 from infra.settings import Settings
 from infra.topics import TopicAdmin, shared_topic, tenant_topic
 from producers.client.sdk import Client
+from producers.dataset.generate import generate_dataset
+from producers.dataset.upload import install_dataset
 from producers.producer import EventProducer
 from schemas import events as ev
 from tests.conftest import free_port
+from tests.helpers import dead_letters_from
 from tests.service_helpers import SMALL_ENV, SMALL_RL
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
@@ -116,7 +121,77 @@ async def _read_one(settings: Settings, topic: str, group: str | None) -> None:
         await consumer.stop()
 
 
+# Tenant deletion runs before the service starts: a role subscribed by pattern to a tenant's
+# topics does not yet survive their deletion (the env worker's rebalance listener times out on
+# the deleted partitions; reported, the env role is not ours to change in this branch).
 # ---------------------------------------------------------------------------------------------- 1
+async def test_tenant_delete_leaves_nothing(service_settings: Settings, tenants) -> None:
+    async with TenantManager(service_settings) as tm:
+        password = await tm.create("gone")
+        with pytest.raises(TenantExists):
+            await tm.create("gone")
+        gone = as_tenant(service_settings, "gone", password)
+        async with EventProducer(gone) as producer:  # the credentials work before the delete
+            await producer.send_raw(tenant_topic(gone, "gone", "jobs"), b"x")
+        files = [service_settings.policy_dir / "gone" / "v00000001" / "meta.json",
+                 service_settings.datasets_root / "gone" / "demo" / "index.json"]
+        for path in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+
+        removed = await tm.delete("gone")
+        assert removed["credentials"] == 1 and removed["topics"] == 9 and removed["acls"] == 5, removed
+        info = await tm.info("gone")
+        assert not info.has_credentials and info.topics == [] and info.acls == [] and info.quotas == {}
+        assert "gone" not in {i.tenant for i in await tm.list()}
+        assert not any(p.exists() for p in files)
+        assert not (service_settings.policy_dir / "gone").exists()
+        assert await tm.delete("gone") == {"credentials": 0, "topics": 0, "acls": 0, "quotas": 0,
+                                           "tensor_blobs": 0, "checkpoint_dirs": 0, "dataset_dirs": 0}
+    async with TopicAdmin(service_settings) as admin:
+        assert await admin.tenant_topics("gone") == []
+    async with SecurityAdmin(tm.admin) as sec:
+        assert "gone" not in await sec.users()
+    with pytest.raises(KafkaConnectionError):  # the old password is dead: no bootstrap
+        async with EventProducer(gone) as producer:
+            await producer.send_raw(tenant_topic(gone, "alice", "jobs"), b"x")
+
+
+# ---------------------------------------------------------------------------------------------- 2
+def test_cli_prints_credentials_once_and_never_logs_them(secure_broker: LocalBroker) -> None:
+    env = {**os.environ, **secure_broker.secrets(), "JOYNEXUS_HOME": str(secure_broker.settings.home),
+           "JOYNEXUS_BROKER_PORT": str(secure_broker.settings.broker_port), "JOYNEXUS_LOG_LEVEL": "DEBUG"}
+    cli = [sys.executable, "-m", "infra", "tenant"]
+    made = subprocess.run([*cli, "create", "cli-made"], env=env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr[-2000:]
+    lines = dict(line.split("=", 1) for line in made.stdout.splitlines())
+    password = lines["JOYNEXUS_SASL_PASSWORD"]
+    assert lines["JOYNEXUS_SASL_USERNAME"] == "cli-made" and len(password) >= 24
+    listed = subprocess.run([*cli, "list", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    deleted = subprocess.run([*cli, "delete", "cli-made", "--yes"], env=env, capture_output=True,
+                             text=True, timeout=120)
+    assert '"tenant": "cli-made"' in listed.stdout and deleted.returncode == 0, deleted.stderr[-2000:]
+    secrets = [password, env["JOYNEXUS_ADMIN_PASSWORD"], env["JOYNEXUS_SASL_PASSWORD"]]
+    assert made.stdout.count(password) == 1
+    for run in (made, listed, deleted):
+        for secret in secrets:
+            assert secret not in run.stderr
+    for secret in secrets[:1]:
+        assert secret not in listed.stdout + deleted.stdout
+    assert secrets[1] not in made.stdout
+
+
+def test_a_work_directory_never_switches_profile(tmp_path) -> None:
+    plain = LocalBroker(Settings(home=tmp_path, _env_file=None))
+    plain.data_dir.mkdir(parents=True)
+    (plain.data_dir / "meta.properties").write_text("formatted")  # as a plain `up` leaves it
+    secure = LocalBroker(Settings(home=tmp_path, broker_secure=True, _env_file=None))
+    with pytest.raises(BrokerError, match="plain profile"):
+        secure._check_profile()
+    plain._check_profile()  # the profile it was formatted with is fine
+
+
+# ---------------------------------------------------------------------------------------------- 3
 async def test_a_tenant_reaches_only_its_own_topics_while_its_job_runs(
         service_settings: Settings, tenants: dict[str, str], service: Service) -> None:
     alice = as_tenant(service_settings, "alice", tenants["alice"])
@@ -151,7 +226,7 @@ async def test_a_tenant_reaches_only_its_own_topics_while_its_job_runs(
         assert client.book.of_tenant("bob") == []
 
 
-# ---------------------------------------------------------------------------------------------- 2
+# ---------------------------------------------------------------------------------------------- 4
 async def test_a_flooding_tenant_is_throttled_while_another_completes(
         service_settings: Settings, tenants: dict[str, str], service: Service) -> None:
     flood = as_tenant(service_settings, "flood", tenants["flood"])
@@ -179,68 +254,47 @@ async def test_a_flooding_tenant_is_throttled_while_another_completes(
         assert state.phase == "completed", state.reason
 
 
-# ---------------------------------------------------------------------------------------------- 3
-async def test_tenant_delete_leaves_nothing(service_settings: Settings, tenants) -> None:
-    async with TenantManager(service_settings) as tm:
-        password = await tm.create("gone")
-        with pytest.raises(TenantExists):
-            await tm.create("gone")
-        gone = as_tenant(service_settings, "gone", password)
-        async with EventProducer(gone) as producer:  # the credentials work before the delete
-            await producer.send_raw(tenant_topic(gone, "gone", "jobs"), b"x")
-        files = [service_settings.policy_dir / "gone" / "v00000001" / "meta.json",
-                 service_settings.datasets_root / "gone" / "demo" / "index.json"]
-        for path in files:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("{}")
+# ---------------------------------------------------------------------------------------------- 5
+async def test_a_forged_envelope_is_dead_lettered_and_changes_nothing(
+        service_settings: Settings, tenants: dict[str, str], service: Service) -> None:
+    """alice may write her own jobs topic, and puts bob in the envelope of a cancel for bob's
+    running job: the roles take the tenant from the topic, so it is a security event, not a cancel."""
+    alice = as_tenant(service_settings, "alice", tenants["alice"])
+    bob = as_tenant(service_settings, "bob", tenants["bob"])
+    async with Client(bob, requested_by="bob") as bobs, EventProducer(alice) as forger:
+        job = await bobs.submit(rl_spec("bob", "not-yours-to-cancel"))
+        forged = ev.JobCancelled(envelope=ev.Envelope(tenant_id="bob", producer_id="client/bob"),
+                                 job_id=job.job_id, requested_by="bob", reason="forged")
+        sent = await forger.send(tenant_topic(alice, "alice", "jobs"), forged, key="bob")
+        state = await bobs.follow(job, timeout_s=240)
+        assert state.phase == "completed" and not state.cancel_requested, state
 
-        removed = await tm.delete("gone")
-        assert removed["credentials"] == 1 and removed["topics"] == 9 and removed["acls"] == 5, removed
-        info = await tm.info("gone")
-        assert not info.has_credentials and info.topics == [] and info.acls == [] and info.quotas == {}
-        assert "gone" not in {i.tenant for i in await tm.list()}
-        assert not any(p.exists() for p in files)
-        assert not (service_settings.policy_dir / "gone").exists()
-        assert await tm.delete("gone") == {"credentials": 0, "topics": 0, "acls": 0, "quotas": 0,
-                                           "tensor_blobs": 0, "checkpoint_dirs": 0, "dataset_dirs": 0}
-    async with TopicAdmin(service_settings) as admin:
-        assert await admin.tenant_topics("gone") == []
-    async with SecurityAdmin(tm.admin) as sec:
-        assert "gone" not in await sec.users()
-    with pytest.raises(KafkaConnectionError):  # the old password is dead: no bootstrap
-        async with EventProducer(gone) as producer:
-            await producer.send_raw(tenant_topic(gone, "alice", "jobs"), b"x")
+    source = tenant_topic(alice, "alice", "jobs")
+    letters = [dict(r.headers) for r in await dead_letters_from(service_settings, source)]
+    mine = [h for h in letters if h["dlq.source.offset"] == str(sent.offset).encode()]
+    assert len(mine) == 1, letters
+    assert mine[0]["dlq.stage"] == b"security" and mine[0]["dlq.error.class"] == b"TenantMismatch", mine
+    assert service.book.get("bob", job.job_id).cancel_requested is False  # the roles' read model too
 
 
-# ---------------------------------------------------------------------------------------------- 4
-def test_cli_prints_credentials_once_and_never_logs_them(secure_broker: LocalBroker) -> None:
-    env = {**os.environ, **secure_broker.secrets(), "JOYNEXUS_HOME": str(secure_broker.settings.home),
-           "JOYNEXUS_BROKER_PORT": str(secure_broker.settings.broker_port), "JOYNEXUS_LOG_LEVEL": "DEBUG"}
-    cli = [sys.executable, "-m", "infra", "tenant"]
-    made = subprocess.run([*cli, "create", "cli-made"], env=env, capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr[-2000:]
-    lines = dict(line.split("=", 1) for line in made.stdout.splitlines())
-    password = lines["JOYNEXUS_SASL_PASSWORD"]
-    assert lines["JOYNEXUS_SASL_USERNAME"] == "cli-made" and len(password) >= 24
-    listed = subprocess.run([*cli, "list", "--json"], env=env, capture_output=True, text=True, timeout=120)
-    deleted = subprocess.run([*cli, "delete", "cli-made", "--yes"], env=env, capture_output=True,
-                             text=True, timeout=120)
-    assert '"tenant": "cli-made"' in listed.stdout and deleted.returncode == 0, deleted.stderr[-2000:]
-    secrets = [password, env["JOYNEXUS_ADMIN_PASSWORD"], env["JOYNEXUS_SASL_PASSWORD"]]
-    assert made.stdout.count(password) == 1
-    for run in (made, listed, deleted):
-        for secret in secrets:
-            assert secret not in run.stderr
-    for secret in secrets[:1]:
-        assert secret not in listed.stdout + deleted.stdout
-    assert secrets[1] not in made.stdout
+# ---------------------------------------------------------------------------------------------- 6
+async def test_datasets_come_only_from_the_tenants_datasets_root(
+        service_settings: Settings, tenants: dict[str, str], service: Service, tmp_path) -> None:
+    alice = as_tenant(service_settings, "alice", tenants["alice"])
+    demos = tmp_path / "reach"
+    await asyncio.to_thread(generate_dataset, "joynexus/Reach-v0", demos, episodes=3, seed=5,
+                            image_size=32, max_episode_steps=10, progress=False)
+    bobs = install_dataset(demos, service_settings.datasets_root, "bob", "reach")
+    install_dataset(demos, service_settings.datasets_root, "alice", "reach")
 
+    def sft(job_id: str, path: str) -> dict:
+        return {"kind": "sft", "tenant": "alice", "job_id": job_id, "dataset": {"path": path},
+                "sft": {"epochs": 1, "batch_size": 8}}
 
-def test_a_work_directory_never_switches_profile(tmp_path) -> None:
-    plain = LocalBroker(Settings(home=tmp_path, _env_file=None))
-    plain.data_dir.mkdir(parents=True)
-    (plain.data_dir / "meta.properties").write_text("formatted")  # as a plain `up` leaves it
-    secure = LocalBroker(Settings(home=tmp_path, broker_secure=True, _env_file=None))
-    with pytest.raises(BrokerError, match="plain profile"):
-        secure._check_profile()
-    plain._check_profile()  # the profile it was formatted with is fine
+    async with Client(alice, requested_by="alice") as client:
+        for job_id, path in (("abs-outside", str(demos)), ("other-tenant", str(bobs)),
+                             ("climbs-out", "../bob/reach"), ("secret", "/etc")):
+            state = await client.follow(await client.submit(sft(job_id, path)), timeout_s=120)
+            assert state.phase == "rejected" and state.reason.startswith("dataset.path:"), state.reason
+        done = await client.follow(await client.submit(sft("installed", "reach")), timeout_s=240)
+        assert done.phase == "completed", done.reason

@@ -203,7 +203,7 @@ class Master:
                 await asyncio.to_thread(plan.env_dims, spec)  # the env must start, before we accept
                 sessions = [plan.eval_session(spec, version, self.producer_id)]
             else:  # a held-out dataset: the evaluator scores it itself, no sessions
-                await asyncio.to_thread(plan.dataset_dims, spec)
+                await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
                 sessions = []
             resources = {"policy_version": str(version)}
         else:
@@ -257,7 +257,7 @@ class Master:
         if spec.kind == "rl":
             dims = await asyncio.to_thread(plan.env_dims, spec)
         else:
-            dims, dataset = await asyncio.to_thread(plan.dataset_dims, spec)
+            dims, dataset = await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
         config = plan.tenant_config(spec, service.backbone.hidden_size, dims)
         resources = {"action_dim": str(dims.action_dim), "proprio_dim": str(dims.proprio_dim)}
         if spec.kind == "sft":
@@ -371,7 +371,7 @@ class Master:
 
     async def _feed(self, spec: JobSpec, state: JobState) -> None:
         try:
-            _, dataset = await asyncio.to_thread(plan.dataset_dims, spec)
+            _, dataset = await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
             version = int(state.resources.get("start_version", "0"))
             feeder = DatasetFeeder(
                 self.settings, dataset, plan.feed_plan(spec, version, spec.modules.chunk_len)
