@@ -23,6 +23,7 @@ def test_one_kafka_version_everywhere() -> None:
     default = Settings.model_fields["kafka_version"].default
     readme = (ROOT / "README.md").read_text()
     assert image == f"apache/kafka:{pom}"
+    assert compose["services"]["kafka-secure"]["image"] == image  # the secure profile too
     assert default == pom
     assert f"Apache Kafka {pom}" in readme
 
