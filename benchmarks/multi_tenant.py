@@ -55,7 +55,7 @@ def _gate_snapshot(gate) -> dict[str, float]:
 async def main(full: bool, maniskill: bool) -> None:
     from consumers.service import Service
     from infra.broker import LocalBroker
-    from infra.runtime.supervisor import Supervisor
+    from infra.runtime.host import RoleHost
     from producers.client.sdk import Client
 
     settings = Settings()
@@ -67,7 +67,8 @@ async def main(full: bool, maniskill: bool) -> None:
     modes = {}
     service = await Service.open(settings)
     try:
-        async with Supervisor(service), Client(settings, requested_by="benchmark") as client:
+        roles = RoleHost(service.settings, service=service)
+        async with roles, Client(settings, requested_by="benchmark") as client:
             for mode in ("isolated", "shared"):
                 specs = [{**s, "tenant": f"{s['tenant']}-{mode[:3]}{tag}", "job_id": "bench"} for s in base]
                 before = _gate_snapshot(service.gate)

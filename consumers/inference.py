@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 import uuid
 from collections import OrderedDict
 from datetime import UTC, datetime
@@ -36,13 +37,13 @@ from aiokafka.structs import ConsumerRecord
 
 from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
 from consumers.bus.loop import bind_record, make_consumer
+from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
 from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
 from infra.follow import TopicFollower
 from infra.logging import get_logger
 from infra.topics import check_tenant, shared_topic, tenant_stream_pattern, tenant_topic
-from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -108,7 +109,6 @@ class InferenceRole:
         self._policies: OrderedDict[tuple[str, int], TenantSlot] = OrderedDict()
         self._loading: dict[tuple[str, int], asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
-        self.heartbeat = Heartbeater(settings, self.producer, "inference", instance, details=self._health)
         self.answered = 0
         self.usage: dict[str, float] = {}  # tenant -> device-seconds not yet published
         self.run_id = uuid.uuid4().hex[:12]  # usage ids stay unique across restarts
@@ -127,12 +127,19 @@ class InferenceRole:
             self.latest[event.tenant_id] = event.version
             log.info("policy hot-swapped", tenant=event.tenant_id, version=event.version, job=event.job_id)
 
-    def _health(self) -> dict[str, str]:
-        return {
-            "answered": str(self.answered),
-            "policies_loaded": str(len(self._policies)),
-            "pending": str(self.batcher.pending()),
-        }
+    def workload(self) -> Workload:
+        groups, gate = self.batcher.records, self.service.gate
+        n = max(len(groups), 1)
+        return Workload(
+            (self.consumer,), done=self.answered, waiting=len(self._tasks),
+            details={"policies_loaded": len(self._policies), "groups": len(groups),
+                     "mean_group_size": round(sum(g.size for g in groups) / n, 3),
+                     "mean_group_tenants": round(sum(len(set(g.tenants)) for g in groups) / n, 3),
+                     # the device gate of this process: inference and training share it
+                     "busy_inference_s": round(gate.busy_s["inference"], 3),
+                     "busy_train_s": round(gate.busy_s["train"], 3),
+                     "gate_wall_s": round(time.monotonic() - gate.started, 3)},
+        )
 
     async def start(self) -> None:
         for follower in self._followers:
@@ -152,7 +159,6 @@ class InferenceRole:
             await follower.stop()
 
     async def run(self, stop: asyncio.Event) -> None:
-        beats = asyncio.create_task(self.heartbeat.run(stop), name="inference-heartbeat")
         metering = asyncio.create_task(self._usage_loop(stop), name="inference-usage")
         try:
             while not stop.is_set():
@@ -165,9 +171,9 @@ class InferenceRole:
                 if batches:
                     await self._commit()
         finally:
-            stop.set()
-            await beats
-            await metering
+            if not stop.is_set():  # stopped by an error: an unpublished sum is lost (at most once)
+                metering.cancel()
+            await asyncio.gather(metering, return_exceptions=True)
 
     async def _commit(self) -> None:
         try:
@@ -227,7 +233,7 @@ class InferenceRole:
                         envelope=ev.Envelope(tenant_id=tenant, producer_id=f"inference/{self.instance}"),
                         usage_id=f"inference/{self.instance}/{self.run_id}/{self.usage_seq}",
                         role="inference", resource="backbone.forward",
-                        device=str(self.service.backbone.device), seconds=seconds,
+                        device=str(self.service.info.device), seconds=seconds,
                         window_start=now, window_end=now, group_size=1), key=tenant)
                 except Exception as exc:  # metering must never stop answering
                     log.warning("usage not published", tenant=tenant, error_class=type(exc).__name__)

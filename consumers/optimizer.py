@@ -38,6 +38,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from consumers.bus.loop import bind_record, make_consumer
+from consumers.bus.protocols import Workload
 from consumers.convert import targets_of, to_feature
 from consumers.service import Service
 from infra.errors import JoynexusError, TenantMismatch
@@ -110,6 +111,7 @@ class TenantOptimizer:
         )
         self.run_: _JobRun | None = None
         self.log = log.bind(tenant=tenant)
+        self.applied = 0  # feature batches trained on: the worker's progress
 
     async def start(self) -> None:
         await self.producer.start()  # fences a predecessor that is still around
@@ -167,6 +169,7 @@ class TenantOptimizer:
         run.step_s += time.perf_counter() - began
         run.last_sequence = batch.sequence
         run.add(metrics)
+        self.applied += 1
         limit = run.spec.limits.max_steps
         final = batch.final or (limit is not None and run.steps >= limit)
         if batch.publish or final:
@@ -191,7 +194,7 @@ class TenantOptimizer:
         ]
         version = ours[-1].version if ours else start_version
         slot = await asyncio.to_thread(
-            lambda: self.service.store.restore(self.tenant, version).mount(self.service.backbone.device)
+            lambda: self.service.store.restore(self.tenant, version).mount(self.service.info.device)
         )
         last_sequence = ours[-1].source_offsets["sequence"] if ours else -1
         self.log.info(
@@ -300,7 +303,7 @@ class TenantOptimizer:
         now = datetime.now(UTC)
         usage = ev.UsageRecorded(
             envelope=self._envelope(job_id), usage_id=f"optimizer/{self.tenant}/{job_id}/v{version}",
-            role="optimizer", resource="optimizer.step", device=str(self.service.backbone.device),
+            role="optimizer", resource="optimizer.step", device=str(self.service.info.device),
             seconds=run.step_s, window_start=run.window_start, window_end=now, group_size=1,
             steps=run.count_since_usage)
         run.step_s, run.window_start, run.count_since_usage = 0.0, now, 0
@@ -345,6 +348,11 @@ class OptimizerHost:
     def _on_tenant(self, event: ev.Event, record: ConsumerRecord) -> None:
         if isinstance(event, ev.TenantRegistered) and event.tenant_id:
             (self.tenants.add if event.active else self.tenants.discard)(event.tenant_id)
+
+    def workload(self) -> Workload:
+        live = list(self.live.values())
+        return Workload(tuple(w.consumer for w in live), done=sum(w.applied for w in live),
+                        details={"tenants": len(live)})
 
     async def start(self) -> None:
         await self.follower.start()

@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from backbone.model import Backbone
 from consumers.service import Service
-from infra.runtime.supervisor import Supervisor
+from infra.runtime.host import RoleHost
 from producers.client.sdk import Client
 from schemas import events as ev
 from tenants.config import HeadConfig, TenantConfig
@@ -35,7 +35,7 @@ async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
     s = settings.model_copy(update={"backbone": "tiny", "home": home})
     backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
     service = await Service.open(s, backbone)
-    supervisor = Supervisor(service)
+    supervisor = RoleHost(service.settings, service=service)
     await supervisor.start()
     client = Client(s, requested_by="test")
     await client.__aenter__()

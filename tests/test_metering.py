@@ -24,7 +24,7 @@ from backbone.model import Backbone
 from consumers.metering import app_id, read_usage
 from consumers.service import Service
 from infra.connection import client_options
-from infra.runtime.supervisor import Supervisor
+from infra.runtime.host import RoleHost
 from infra.topics import shared_topic
 from producers.client.sdk import Client
 from producers.producer import EventProducer
@@ -81,7 +81,7 @@ async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
                                     "metering_window_s": 60})
     backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
     service = await Service.open(s, backbone)
-    supervisor = Supervisor(service)
+    supervisor = RoleHost(service.settings, service=service)
     await supervisor.start()
     client = Client(s, requested_by="test")
     await client.__aenter__()

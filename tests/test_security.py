@@ -34,7 +34,7 @@ from consumers.service import Service
 from infra.broker import LocalBroker
 from infra.connection import client_options
 from infra.errors import BrokerError
-from infra.runtime.supervisor import Supervisor
+from infra.runtime.host import RoleHost
 from infra.runtime.tenancy import TenantExists, TenantManager
 from infra.security_admin import SecurityAdmin
 from infra.settings import Settings
@@ -97,7 +97,7 @@ async def service(service_settings: Settings, model_root, tenants) -> AsyncItera
     """Every role in this process, authenticated as the service principal."""
     backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
     svc = await Service.open(service_settings, backbone)
-    supervisor = Supervisor(svc)
+    supervisor = RoleHost(svc.settings, service=svc)
     await supervisor.start()
     try:
         yield svc

@@ -8,7 +8,9 @@
     joynexus roundtrip                            a short event round trip through the broker
     joynexus backbone presets|build               the shared backbone               (assets.py)
     joynexus dataset generate|feed                offline demonstrations for SFT
-    joynexus up | run ROLE | demo [--quick]       the service                       (service.py)
+    joynexus up [--roles] [--scale] | run KIND    the service as processes          (service.py)
+    joynexus demo [--quick]                       3 RL + 1 SFT tenants, then evaluations
+    joynexus health [--json]                      every role instance's heartbeat   (health.py)
     joynexus submit FILE [-f] | status | cancel   tenants' jobs                     (jobs.py)
     joynexus audit verify --tenant T [--version N]  re-derive policies from the log  (audit.py)
     joynexus metering | usage [TENANT] [--window 1h]  the faust metering role, its totals (usage.py)
@@ -18,13 +20,13 @@ from __future__ import annotations
 
 import typer
 
-from infra.cli import assets, audit, broker, bus, jobs, service, tenants, usage
+from infra.cli import assets, audit, broker, bus, health, jobs, service, tenants, usage
 
 __all__ = ["app"]
 
 app = typer.Typer(no_args_is_help=True, help="joynexus: multi-tenant VLA post-training on Kafka.")
 app.add_typer(broker.app, name="broker")
 # their commands and sub-groups sit at the top level
-for group in (bus, assets, service, jobs, tenants, audit, usage):
+for group in (bus, assets, service, health, jobs, tenants, audit, usage):
     app.registered_commands.extend(group.app.registered_commands)
     app.registered_groups.extend(group.app.registered_groups)
