@@ -25,7 +25,7 @@ def verify(
 ) -> None:
     """Fold TENANT's logged feature batches from each job's initial checkpoint, as the optimizer
     does, and compare every version with the policy store bit for bit; exit 1 on any mismatch."""
-    from backbone.model import set_torch_threads
+    from backbone.info import set_torch_threads
     from consumers.audit import audit_tenant
 
     settings = load_settings()
