@@ -121,43 +121,7 @@ async def _read_one(settings: Settings, topic: str, group: str | None) -> None:
         await consumer.stop()
 
 
-# Tenant deletion runs before the service starts: a role subscribed by pattern to a tenant's
-# topics does not yet survive their deletion (the env worker's rebalance listener times out on
-# the deleted partitions; reported, the env role is not ours to change in this branch).
 # ---------------------------------------------------------------------------------------------- 1
-async def test_tenant_delete_leaves_nothing(service_settings: Settings, tenants) -> None:
-    async with TenantManager(service_settings) as tm:
-        password = await tm.create("gone")
-        with pytest.raises(TenantExists):
-            await tm.create("gone")
-        gone = as_tenant(service_settings, "gone", password)
-        async with EventProducer(gone) as producer:  # the credentials work before the delete
-            await producer.send_raw(tenant_topic(gone, "gone", "jobs"), b"x")
-        files = [service_settings.policy_dir / "gone" / "v00000001" / "meta.json",
-                 service_settings.datasets_root / "gone" / "demo" / "index.json"]
-        for path in files:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("{}")
-
-        removed = await tm.delete("gone")
-        assert removed["credentials"] == 1 and removed["topics"] == 9 and removed["acls"] == 5, removed
-        info = await tm.info("gone")
-        assert not info.has_credentials and info.topics == [] and info.acls == [] and info.quotas == {}
-        assert "gone" not in {i.tenant for i in await tm.list()}
-        assert not any(p.exists() for p in files)
-        assert not (service_settings.policy_dir / "gone").exists()
-        assert await tm.delete("gone") == {"credentials": 0, "topics": 0, "acls": 0, "quotas": 0,
-                                           "tensor_blobs": 0, "checkpoint_dirs": 0, "dataset_dirs": 0}
-    async with TopicAdmin(service_settings) as admin:
-        assert await admin.tenant_topics("gone") == []
-    async with SecurityAdmin(tm.admin) as sec:
-        assert "gone" not in await sec.users()
-    with pytest.raises(KafkaConnectionError):  # the old password is dead: no bootstrap
-        async with EventProducer(gone) as producer:
-            await producer.send_raw(tenant_topic(gone, "alice", "jobs"), b"x")
-
-
-# ---------------------------------------------------------------------------------------------- 2
 def test_cli_prints_credentials_once_and_never_logs_them(secure_broker: LocalBroker) -> None:
     env = {**os.environ, **secure_broker.secrets(), "JOYNEXUS_HOME": str(secure_broker.settings.home),
            "JOYNEXUS_BROKER_PORT": str(secure_broker.settings.broker_port), "JOYNEXUS_LOG_LEVEL": "DEBUG"}
@@ -191,7 +155,7 @@ def test_a_work_directory_never_switches_profile(tmp_path) -> None:
     plain._check_profile()  # the profile it was formatted with is fine
 
 
-# ---------------------------------------------------------------------------------------------- 3
+# ---------------------------------------------------------------------------------------------- 2
 async def test_a_tenant_reaches_only_its_own_topics_while_its_job_runs(
         service_settings: Settings, tenants: dict[str, str], service: Service) -> None:
     alice = as_tenant(service_settings, "alice", tenants["alice"])
@@ -226,7 +190,7 @@ async def test_a_tenant_reaches_only_its_own_topics_while_its_job_runs(
         assert client.book.of_tenant("bob") == []
 
 
-# ---------------------------------------------------------------------------------------------- 4
+# ---------------------------------------------------------------------------------------------- 3
 async def test_a_flooding_tenant_is_throttled_while_another_completes(
         service_settings: Settings, tenants: dict[str, str], service: Service) -> None:
     flood = as_tenant(service_settings, "flood", tenants["flood"])
@@ -252,6 +216,40 @@ async def test_a_flooding_tenant_is_throttled_while_another_completes(
         assert sent <= allowed, (sent, allowed)
         state = await client.follow(job, timeout_s=240)
         assert state.phase == "completed", state.reason
+
+
+# ---------------------------------------------------------------------------------------------- 4
+async def test_tenant_delete_leaves_nothing(service_settings: Settings, tenants, service: Service) -> None:
+    """While the service runs (its roles subscribe to every tenant's topics by pattern)."""
+    async with TenantManager(service_settings) as tm:
+        password = await tm.create("gone")
+        with pytest.raises(TenantExists):
+            await tm.create("gone")
+        gone = as_tenant(service_settings, "gone", password)
+        async with EventProducer(gone) as producer:  # the credentials work before the delete
+            await producer.send_raw(tenant_topic(gone, "gone", "jobs"), b"x")
+        files = [service_settings.policy_dir / "gone" / "v00000001" / "meta.json",
+                 service_settings.datasets_root / "gone" / "demo" / "index.json"]
+        for path in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("{}")
+
+        removed = await tm.delete("gone")
+        assert removed["credentials"] == 1 and removed["topics"] == 9 and removed["acls"] == 5, removed
+        info = await tm.info("gone")
+        assert not info.has_credentials and info.topics == [] and info.acls == [] and info.quotas == {}
+        assert "gone" not in {i.tenant for i in await tm.list()}
+        assert not any(p.exists() for p in files)
+        assert not (service_settings.policy_dir / "gone").exists()
+        assert await tm.delete("gone") == {"credentials": 0, "topics": 0, "acls": 0, "quotas": 0,
+                                           "tensor_blobs": 0, "checkpoint_dirs": 0, "dataset_dirs": 0}
+    async with TopicAdmin(service_settings) as admin:
+        assert await admin.tenant_topics("gone") == []
+    async with SecurityAdmin(tm.admin) as sec:
+        assert "gone" not in await sec.users()
+    with pytest.raises(KafkaConnectionError):  # the old password is dead: no bootstrap
+        async with EventProducer(gone) as producer:
+            await producer.send_raw(tenant_topic(gone, "alice", "jobs"), b"x")
 
 
 # ---------------------------------------------------------------------------------------------- 5
