@@ -56,7 +56,7 @@ class GroupRecord:
     tenants: tuple[str, ...]  # one entry per request, in group order
     reason: str  # "full" (reached B), "timeout" (waited T) or "drain" (stopping)
     wait_s: float  # how long the oldest request waited
-    busy_s: float  # backbone forward time
+    busy_s: float  # backbone forward time (inside the device gate; retries alone included)
     retried_alone: bool = False
 
 
@@ -83,6 +83,7 @@ class GroupBatcher:
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stopping = False
+        self._busy_s = 0.0
 
     async def start(self) -> None:
         self._stopping = False
@@ -162,7 +163,7 @@ class GroupBatcher:
 
     async def _flush(self, key: BucketKey, group: list[_Pending], reason: str) -> None:
         wait_s = self.clock() - group[0].enqueued
-        start = time.perf_counter()
+        self._busy_s = 0.0  # summed by _forward: device time only, not the wait for the gate
         retried = False
         try:
             features = await self._forward([p.prepared for p in group])
@@ -179,13 +180,14 @@ class GroupBatcher:
                 except Exception as alone:
                     _fail(pending.future, alone)
         record = GroupRecord(key, len(group), tuple(p.prepared.tenant for p in group), reason,
-                             wait_s, time.perf_counter() - start, retried)
+                             wait_s, self._busy_s, retried)
         self.records.append(record)
         if self.on_group:
             self.on_group(record)
 
     async def _forward(self, group: list[Prepared]) -> list[VLAFeature]:
-        features, _ = await forward_grouped_on(self.gate, self.queue, self.backbone, group)
+        features, done = await forward_grouped_on(self.gate, self.queue, self.backbone, group)
+        self._busy_s += sum(f.busy_s for f in done)
         return features
 
 

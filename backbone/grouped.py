@@ -74,11 +74,13 @@ async def forward_grouped_on(
             if gate is None:
                 began = time.perf_counter()
                 out = await asyncio.to_thread(backbone.forward, group)
+                busy_s = time.perf_counter() - began
             else:
                 async with gate.use(queue, rows=len(group)):
                     began = time.perf_counter()
                     out = await asyncio.to_thread(backbone.forward, group)
-            done.append(BucketForward(key, tuple(rows), time.perf_counter() - began))
+                    busy_s = time.perf_counter() - began  # inside the gate: never more than it counts
+            done.append(BucketForward(key, tuple(rows), busy_s))
             for i, feature in zip(rows, out, strict=True):
                 features[i] = feature
     return features, done  # type: ignore[return-value]

@@ -31,6 +31,7 @@ from aiokafka.structs import TopicPartition
 from rich.progress import Progress
 
 from infra.broker import LocalBroker
+from infra.connection import client_options
 from infra.logging import configure_logging
 from infra.settings import Settings
 from infra.topics import TopicAdmin
@@ -112,7 +113,7 @@ async def kafka_latency_and_throughput(settings: Settings, event: ev.Event, n: i
     async with TopicAdmin(settings) as admin:
         await admin.ensure_topic(topic, 1)
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
                                 enable_auto_commit=False, fetch_max_wait_ms=5,
                                 max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()

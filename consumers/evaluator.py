@@ -19,6 +19,7 @@ from backbone.grouped import forward_grouped_on
 from consumers.bus.episodes import Episode, RolloutReader
 from consumers.bus.loop import make_consumer
 from consumers.bus.protocols import Workload
+from consumers.master.plan import dataset_path
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
@@ -133,7 +134,7 @@ class EvaluatorRole:
         from tenants.served import ServedPolicy
 
         backbone = self.service.backbone
-        dataset = Dataset(spec.dataset.path)
+        dataset = Dataset(dataset_path(spec, self.settings))  # the master checked it is allowed
         restored = await asyncio.to_thread(self.service.store.restore, tenant, version)
         slot = restored.mount(backbone.device)
         policy = ServedPolicy(backbone, slot)

@@ -15,20 +15,27 @@ episode, step), so an action never depends on which tenants shared its
 group or in what order observations arrived. Observations are requests, not
 state: offsets are committed as they are read, and an env that gets no answer
 asks again, so a restarted inference role loses nothing.
+
+A policy that cannot run is not left to be asked forever: an observation that fails twice (the
+second time after the read models caught up) fails its job with ``JobFailed`` (stage
+``inference``, the error as reason) and closes the job's open sessions, within seconds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
+import uuid
 from collections import OrderedDict
+from datetime import UTC, datetime
 
 import numpy as np
 import torch
 from aiokafka.structs import ConsumerRecord
 
-from backbone.batcher import BatcherConfig, GroupBatcher
+from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
 from consumers.bus.loop import bind_record, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
@@ -36,7 +43,7 @@ from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
 from infra.follow import TopicFollower
 from infra.logging import get_logger
-from infra.topics import tenant_stream_pattern, tenant_topic
+from infra.topics import check_tenant, shared_topic, tenant_stream_pattern, tenant_topic
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -81,6 +88,7 @@ class InferenceRole:
             ),
             gate=service.gate,
             queue="inference",
+            on_group=self._meter_group,
         )
         self.sessions: dict[str, ev.EnvSessionRequested] = {}
         self.latest: dict[str, int] = {}  # tenant -> latest published version
@@ -102,6 +110,11 @@ class InferenceRole:
         self._loading: dict[tuple[str, int], asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self.answered = 0
+        self.usage: dict[str, float] = {}  # tenant -> device-seconds not yet published
+        self.run_id = uuid.uuid4().hex[:12]  # usage ids stay unique across restarts
+        self.usage_seq = 0
+        self.failed_sessions: set[tuple[str, str]] = set()  # (tenant, session) of failed jobs
+        self.failed_jobs: set[tuple[str, str]] = set()  # (tenant, job) this instance failed
 
     def _on_session(self, event: ev.Event, record: ConsumerRecord) -> None:
         if isinstance(event, ev.EnvSessionRequested):
@@ -146,15 +159,21 @@ class InferenceRole:
             await follower.stop()
 
     async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            batches = await self.consumer.getmany(timeout_ms=100)
-            for records in batches.values():
-                for record in records:
-                    task = asyncio.create_task(self._answer(record))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-            if batches:
-                await self._commit()
+        metering = asyncio.create_task(self._usage_loop(stop), name="inference-usage")
+        try:
+            while not stop.is_set():
+                batches = await self.consumer.getmany(timeout_ms=100)
+                for records in batches.values():
+                    for record in records:
+                        task = asyncio.create_task(self._answer(record))
+                        self._tasks.add(task)
+                        task.add_done_callback(self._tasks.discard)
+                if batches:
+                    await self._commit()
+        finally:
+            if not stop.is_set():  # stopped by an error: an unpublished sum is lost (at most once)
+                metering.cancel()
+            await asyncio.gather(metering, return_exceptions=True)
 
     async def _commit(self) -> None:
         try:
@@ -169,17 +188,95 @@ class InferenceRole:
                 obs = self.codec.decode(record.value)
                 if not isinstance(obs, ev.Observation):
                     raise SchemaError(f"expected an Observation, got {type(obs).__name__}")
-                action = await self._act(obs)
+                check_tenant(record.topic, obs.tenant_id)  # the topic decides whose policy acts
             except (JoynexusError, ValueError) as exc:
                 log.error("observation not answered", error_class=type(exc).__name__, error=str(exc)[:300])
                 return
-            except Exception as exc:
-                log.exception("inference failed", error_class=type(exc).__name__)
-                return
+            if (obs.tenant_id, obs.session_id) in self.failed_sessions:
+                return  # its job is failed: the env's repeats get no answer and cost no forward
+            try:
+                action = await self._act(obs)
+            except Exception as first:  # noqa: BLE001 - one retry, after the read models caught up
+                log.warning("inference failed; retrying once", error_class=type(first).__name__,
+                            error=str(first)[:300])
+                try:
+                    await self._catch_up(obs.tenant_id)
+                    action = await self._act(obs)
+                except Exception as exc:
+                    log.error("inference failed twice; failing the job", error_class=type(exc).__name__,
+                              error=str(exc)[:300])
+                    await self._fail_session(obs, exc)
+                    return
             await self.producer.send(
                 tenant_topic(self.settings, obs.tenant_id, "actions"), action, key=obs.session_id
             )
             self.answered += 1
+
+    # ------------------------------------------------------------------ usage (metering)
+    # Each group's forward time is split between tenants by their share of its rows and published
+    # every usage_flush_s as UsageRecorded (at most once: observations are commit-as-read, and an
+    # unpublished sum dies with the process).
+    def _meter_group(self, record: GroupRecord) -> None:
+        for tenant in record.tenants:
+            self.usage[tenant] = self.usage.get(tenant, 0.0) + record.busy_s / record.size
+
+    async def _usage_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.usage_flush_s)
+            usage, self.usage = self.usage, {}
+            now = datetime.now(UTC)
+            for tenant, seconds in sorted(usage.items()):
+                self.usage_seq += 1
+                try:
+                    await self.producer.send(shared_topic(self.settings, "usage"), ev.UsageRecorded(
+                        envelope=ev.Envelope(tenant_id=tenant, producer_id=f"inference/{self.instance}"),
+                        usage_id=f"inference/{self.instance}/{self.run_id}/{self.usage_seq}",
+                        role="inference", resource="backbone.forward",
+                        device=str(self.service.info.device), seconds=seconds,
+                        window_start=now, window_end=now, group_size=1), key=tenant)
+                except Exception as exc:  # metering must never stop answering
+                    log.warning("usage not published", tenant=tenant, error_class=type(exc).__name__)
+
+    # ------------------------------------------------------------------ a policy that cannot run
+    # The env asks again every 10 s without an answer; a policy that fails for good would keep
+    # its job "accepted" forever. So: one retry (after the session and version read models caught
+    # up, which rules out a race with a just-published version), then the job fails with the
+    # reason, and its open sessions are closed so the env stops asking.
+    async def _catch_up(self, tenant: str) -> None:
+        topics = [tenant_topic(self.settings, tenant, s) for s in ("sessions", "policy-versions")]
+        for follower, topic in zip(self._followers, topics, strict=True):
+            await follower.caught_up([topic], 10.0)
+
+    async def _fail_session(self, obs: ev.Observation, exc: BaseException) -> None:
+        tenant = obs.tenant_id
+        session = self.sessions.get(obs.session_id)
+        if session is None:  # no job to fail (yet): the env asks again
+            return
+        job_id = session.job_id
+        self.failed_sessions.add((tenant, obs.session_id))
+        if (tenant, job_id) in self.failed_jobs:
+            return
+        self.failed_jobs.add((tenant, job_id))
+        version = session.policy_version or self.latest.get(tenant)
+        state = self.service.book.get(tenant, job_id)
+        open_sessions = sorted(set(state.open_sessions if state else ()) | {obs.session_id})
+        self.failed_sessions.update((tenant, sid) for sid in open_sessions)
+        envelope = ev.Envelope(tenant_id=tenant, producer_id=f"inference/{self.instance}",
+                               correlation_id=job_id)
+        try:
+            await self.producer.send(tenant_topic(self.settings, tenant, "status"), ev.JobFailed(
+                envelope=envelope, job_id=job_id, error_class=type(exc).__name__, stage="inference",
+                reason=f"policy version {version} cannot run (session {obs.session_id}): {exc}"[:2000]),
+                key=tenant)
+            for sid in open_sessions:
+                await self.producer.send(tenant_topic(self.settings, tenant, "sessions"), ev.EnvSessionClosed(
+                    envelope=envelope, session_id=sid, job_id=job_id, reason="failed"), key=sid)
+        except Exception as publish_error:  # the next observation of the job tries again
+            self.failed_jobs.discard((tenant, job_id))
+            self.failed_sessions.difference_update((tenant, sid) for sid in open_sessions)
+            log.error("could not publish the job's failure", job=job_id,
+                      error_class=type(publish_error).__name__)
 
     async def _session(self, obs: ev.Observation) -> ev.EnvSessionRequested:
         session = self.sessions.get(obs.session_id)

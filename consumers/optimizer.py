@@ -20,6 +20,9 @@ are duplicates (a rollout re-emission) and are skipped.
 
 A non-finite loss or gradient fails that tenant's job alone: ``JobFailed``,
 the slot is dropped; other tenants' workers never notice.
+
+Metering: each published version carries, in its transaction, a ``UsageRecorded`` of the steps
+since the previous one (their compute seconds and count), with the version as its id.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import time
 from collections import defaultdict
+from datetime import UTC, datetime
 
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -36,10 +41,10 @@ from consumers.bus.loop import bind_record, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import targets_of, to_feature
 from consumers.service import Service
-from infra.errors import JoynexusError
+from infra.errors import JoynexusError, TenantMismatch
 from infra.follow import TopicFollower
 from infra.logging import get_logger
-from infra.topics import shared_topic, tenant_topic
+from infra.topics import check_tenant, shared_topic, tenant_topic
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -70,6 +75,9 @@ class _JobRun:
         self.last_sequence = last_sequence
         self.sums: dict[str, float] = defaultdict(float)
         self.count = 0
+        self.step_s = 0.0  # compute time of the steps since the last publish (metering)
+        self.count_since_usage = 0
+        self.window_start = datetime.now(UTC)
 
     @property
     def steps(self) -> int:
@@ -79,6 +87,7 @@ class _JobRun:
         for name, value in metrics.items():
             self.sums[name] += value
         self.count += 1
+        self.count_since_usage += 1
 
     def means(self) -> dict[str, float]:
         out = {name: total / self.count for name, total in self.sums.items()} if self.count else {}
@@ -128,6 +137,11 @@ class TenantOptimizer:
             return
         if not isinstance(batch, ev.FeatureBatch):
             return
+        try:
+            check_tenant(record.topic, batch.tenant_id)
+        except TenantMismatch:  # a security event, logged; the batch is not ours to apply
+            await self._commit_outside(record)
+            return
         if self.service.book.stopped(self.tenant, batch.job_id):
             if self.run_ and self.run_.spec.job_id == batch.job_id:
                 self.log.info("job stopped; slot released", job=batch.job_id)
@@ -142,6 +156,7 @@ class TenantOptimizer:
             return
         if batch.sequence <= run.last_sequence:
             return  # already applied: a re-emitted minibatch
+        began = time.perf_counter()
         try:
             metrics = await asyncio.to_thread(
                 run.slot.train_step,
@@ -151,6 +166,7 @@ class TenantOptimizer:
         except (NonFiniteLoss, TenantError, JoynexusError, ValueError) as exc:
             await self._fail(record, batch, exc)
             return
+        run.step_s += time.perf_counter() - began
         run.last_sequence = batch.sequence
         run.add(metrics)
         self.applied += 1
@@ -232,6 +248,7 @@ class TenantOptimizer:
                 ),
             ),
         ]
+        events.append(("usage", self._usage(batch.job_id, checkpoint.meta.version, run)))
         if final:
             events.append(
                 (
@@ -280,14 +297,26 @@ class TenantOptimizer:
         )
         self.run_ = None
 
+    def _usage(self, job_id: str, version: int, run: _JobRun) -> ev.UsageRecorded:
+        """The steps since the last version, in the same transaction as the version: its id is the
+        version's, so a replayed publish is the same usage (metering counts each id once)."""
+        now = datetime.now(UTC)
+        usage = ev.UsageRecorded(
+            envelope=self._envelope(job_id), usage_id=f"optimizer/{self.tenant}/{job_id}/v{version}",
+            role="optimizer", resource="optimizer.step", device=str(self.service.info.device),
+            seconds=run.step_s, window_start=run.window_start, window_end=now, group_size=1,
+            steps=run.count_since_usage)
+        run.step_s, run.window_start, run.count_since_usage = 0.0, now, 0
+        return usage
+
     async def _commit_with(self, record: ConsumerRecord, events: list[tuple[str, ev.Event]]) -> None:
         while True:
             try:
                 async with self.producer.transaction():
                     for stream, event in events:
-                        await self.producer.enqueue(
-                            tenant_topic(self.settings, self.tenant, stream), event, key=self.tenant
-                        )
+                        topic = (shared_topic(self.settings, "usage") if stream == "usage"
+                                 else tenant_topic(self.settings, self.tenant, stream))
+                        await self.producer.enqueue(topic, event, key=self.tenant)
                     await self.producer.send_offsets_to_transaction({self.tp: record.offset + 1}, self.group)
                 return
             except KafkaError as exc:  # the step is done; only its publication must get through

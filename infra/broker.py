@@ -6,6 +6,17 @@ its data, log file, config and pid file under ``<home>/kafka``. Storage is
 formatted once and the cluster id is kept, so data survives ``down`` + ``up``.
 ``up`` is idempotent and ``down`` stops only the process this module started
 (the pid file names it, and its command line must name our config file).
+
+Secure profile (``broker_secure``, ``joynexus broker up --secure``): the client listener speaks
+SASL_PLAINTEXT with SCRAM (the configured mechanism), the controller listener SASL/PLAIN (KRaft
+controllers cannot check SCRAM: the credentials live in the metadata log they serve), and Kafka's
+``StandardAuthorizer`` denies whatever no ACL allows. The super user ``admin_username`` is the
+broker's own principal on both listeners; its SCRAM credential is written into the storage at
+format time (``--add-scram``), because there is no one to create it later. After start the
+service principal is (re)keyed with the ACLs of ``infra.acl_policy.service_acls``. Passwords come
+from settings or are generated once and kept in ``<home>/kafka/secure.env`` (mode 600, the lines
+a client sources); ``server.properties`` holds the admin password and is mode 600 too. The
+profile is fixed when the storage is formatted: a work directory never switches profiles.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import base64
 import concurrent.futures
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -25,9 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiokafka.admin import AIOKafkaAdminClient
+from pydantic import SecretStr
 
+from infra.acl_policy import service_acls
+from infra.connection import admin_settings, client_options
 from infra.errors import BrokerError
 from infra.logging import get_logger
+from infra.security_admin import SCRAM_ITERATIONS, SecurityAdmin, salted_password
 from infra.settings import Settings
 
 __all__ = ["BrokerStatus", "LocalBroker"]
@@ -69,13 +85,21 @@ def _port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-async def _describe_cluster(bootstrap: str, timeout_ms: int = 3000) -> dict:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+async def _describe_cluster(settings: Settings, timeout_ms: int = 3000) -> dict:
+    admin = AIOKafkaAdminClient(**client_options(settings), request_timeout_ms=timeout_ms)
     try:
         await admin.start()
         return await admin.describe_cluster()
     finally:
         await admin.close()
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (it may hold passwords)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file keeps its mode through O_TRUNC
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
 
 
 def _run_blocking(coro):
@@ -102,6 +126,9 @@ class LocalBroker:
         self.cluster_id_file = self.root / "cluster.id"
         self.libs = settings.kafka_cache / settings.kafka_version / "libs"
         self.bootstrap = f"{settings.broker_host}:{settings.broker_port}"
+        self.secure = settings.broker_secure
+        self.secrets_file = self.root / "secure.env"
+        self.profile_file = self.root / "profile"
 
     # ------------------------------------------------------------------ fetch
     def fetch(self) -> Path:
@@ -152,7 +179,7 @@ class LocalBroker:
         level = quiet.level
         quiet.setLevel(logging.CRITICAL)  # connection refusals are expected while polling
         try:
-            _run_blocking(_describe_cluster(self.bootstrap))
+            _run_blocking(_describe_cluster(self.check_settings()))
         except Exception:
             return False
         finally:
@@ -179,13 +206,84 @@ class LocalBroker:
                     "start; stop it or set JOYNEXUS_BROKER_PORT"
                 )
             self.fetch()
+            self._check_profile()
             self._write_config()
             self._format_once()
             pid = self._spawn()
         else:
             log.info("broker already running", pid=pid, bootstrap=self.bootstrap)
         self._wait_ready(pid)
+        if self.secure:
+            _run_blocking(self._grant_service())
         return self.status()
+
+    # ------------------------------------------------------------ secure profile
+    def _check_profile(self) -> None:
+        if not (self.data_dir / "meta.properties").exists():
+            return
+        formatted = self.profile_file.read_text().strip() if self.profile_file.exists() else "plain"
+        wanted = "secure" if self.secure else "plain"
+        if formatted != wanted:
+            raise BrokerError(
+                f"the broker storage in {self.data_dir} was formatted for the {formatted} profile; "
+                f"{'`--secure` needs' if self.secure else 'a plain broker needs'} a work directory "
+                "of its own (set JOYNEXUS_HOME), so no data changes its security by accident")
+
+    def secrets(self) -> dict[str, str]:
+        """The secure broker's credentials (admin and service), created once and kept mode 600.
+        Passwords given in settings win over stored ones only when the storage is new."""
+        stored: dict[str, str] = {}
+        if self.secrets_file.exists():
+            for line in self.secrets_file.read_text().splitlines():
+                key, sep, value = line.partition("=")
+                if sep and not key.startswith("#"):
+                    stored[key.strip()] = value.strip()
+        if "JOYNEXUS_ADMIN_PASSWORD" in stored:
+            return stored
+        s = self.settings
+        service_pw = (s.sasl_password.get_secret_value()
+                      if s.sasl_password and s.sasl_username == s.service_username else None)
+        values = {
+            "JOYNEXUS_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+            "JOYNEXUS_SASL_MECHANISM": s.sasl_mechanism,
+            "JOYNEXUS_SASL_USERNAME": s.service_username,
+            "JOYNEXUS_SASL_PASSWORD": service_pw or secrets.token_urlsafe(24),
+            "JOYNEXUS_ADMIN_USERNAME": s.admin_username,
+            "JOYNEXUS_ADMIN_PASSWORD": (s.admin_password.get_secret_value() if s.admin_password
+                                        else secrets.token_urlsafe(24)),
+        }
+        self.root.mkdir(parents=True, exist_ok=True)
+        body = "# Written by `joynexus broker up --secure`: the service principal and the super user.\n"
+        body += "".join(f"{k}={v}\n" for k, v in values.items())
+        _write_private(self.secrets_file, body)
+        return values
+
+    def check_settings(self) -> Settings:
+        """Settings this module's own checks connect with (the super user when secure)."""
+        if not self.secure:
+            return self.settings.model_copy(update={"bootstrap_servers": self.bootstrap,
+                                                    "security_protocol": "PLAINTEXT"})
+        return admin_settings(self.settings.model_copy(update={
+            "bootstrap_servers": self.bootstrap,
+            "admin_password": SecretStr(self.secrets()["JOYNEXUS_ADMIN_PASSWORD"])}))
+
+    def service_settings(self) -> Settings:
+        """Settings of a role process on this broker: authenticated as the service principal."""
+        if not self.secure:
+            return self.settings
+        values = self.secrets()
+        return self.settings.model_copy(update={
+            "security_protocol": "SASL_PLAINTEXT", "sasl_username": values["JOYNEXUS_SASL_USERNAME"],
+            "sasl_password": SecretStr(values["JOYNEXUS_SASL_PASSWORD"]),
+            "admin_password": SecretStr(values["JOYNEXUS_ADMIN_PASSWORD"])})
+
+    async def _grant_service(self) -> None:
+        values = self.secrets()
+        settings = self.check_settings()
+        async with SecurityAdmin(settings) as admin:
+            await admin.upsert_user(values["JOYNEXUS_SASL_USERNAME"], values["JOYNEXUS_SASL_PASSWORD"])
+            await admin.create_acls(service_acls(settings))
+        log.info("service principal ready", user=values["JOYNEXUS_SASL_USERNAME"])
 
     def _clean_stale_pid(self) -> None:
         if self.pid_file.exists():
@@ -197,16 +295,22 @@ class LocalBroker:
         host, port, cport = s.broker_host, s.broker_port, s.controller_port
         self.root.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.config_file.write_text("\n".join([
+        if self.secure:
+            listeners = self._secure_listeners()
+        else:
+            listeners = [
+                f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+                f"advertised.listeners=PLAINTEXT://{host}:{port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            ]
+        _write_private(self.config_file, "\n".join([
             "# Written by `joynexus broker up`; edits are overwritten.",
             "process.roles=broker,controller",
             "node.id=1",
             f"controller.quorum.voters=1@{host}:{cport}",
-            f"listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
-            f"advertised.listeners=PLAINTEXT://{host}:{port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            *listeners,
             f"log.dirs={self.data_dir}",
             "num.partitions=3",
             # One node: internal topics cannot be replicated; few partitions start faster.
@@ -222,6 +326,32 @@ class LocalBroker:
             "",
         ]))
 
+    def _secure_listeners(self) -> list[str]:
+        s = self.settings
+        host, port, cport = s.broker_host, s.broker_port, s.controller_port
+        user, password = s.admin_username, self.secrets()["JOYNEXUS_ADMIN_PASSWORD"]
+        mech = s.sasl_mechanism
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule"
+        plain = "org.apache.kafka.common.security.plain.PlainLoginModule"
+        return [
+            f"listeners=SASL_PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}",
+            f"advertised.listeners=SASL_PLAINTEXT://{host}:{port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=SASL_PLAINTEXT",
+            "listener.security.protocol.map=SASL_PLAINTEXT:SASL_PLAINTEXT,CONTROLLER:SASL_PLAINTEXT",
+            f"sasl.enabled.mechanisms={mech}",
+            f"sasl.mechanism.inter.broker.protocol={mech}",
+            f"listener.name.sasl_plaintext.{mech.lower()}.sasl.jaas.config={scram} required "
+            f'username="{user}" password="{password}";',
+            "sasl.mechanism.controller.protocol=PLAIN",
+            "listener.name.controller.sasl.enabled.mechanisms=PLAIN",
+            f"listener.name.controller.plain.sasl.jaas.config={plain} required "
+            f'username="{user}" password="{password}" user_{user}="{password}";',
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            f"super.users=User:{user}",
+            "allow.everyone.if.no.acl.found=false",
+        ]
+
     def _format_once(self) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
@@ -230,13 +360,23 @@ class LocalBroker:
             cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             self.cluster_id_file.write_text(cid)
         cid = self.cluster_id_file.read_text().strip()
+        scram = []
+        if self.secure:  # the super user's credential, salted here: no cleartext on a command line
+            salt = os.urandom(32)
+            hashed = salted_password(self.secrets()["JOYNEXUS_ADMIN_PASSWORD"], salt,
+                                     self.settings.sasl_mechanism, SCRAM_ITERATIONS)
+            b64 = base64.b64encode
+            scram = ["--add-scram", f"{self.settings.sasl_mechanism}=[name={self.settings.admin_username},"
+                     f'iterations={SCRAM_ITERATIONS},salt="{b64(salt).decode()}",'
+                     f'saltedpassword="{b64(hashed).decode()}"]']
         proc = subprocess.run(
             [*self._java(), "kafka.tools.StorageTool", "format", "-t", cid,
-             "-c", str(self.config_file), "--ignore-formatted"],
+             "-c", str(self.config_file), "--ignore-formatted", *scram],
             capture_output=True, text=True, check=False,
         )
         if proc.returncode != 0:
             raise BrokerError(f"formatting KRaft storage failed:\n{(proc.stdout + proc.stderr)[-2000:]}")
+        self.profile_file.write_text("secure" if self.secure else "plain")
         log.info("formatted kraft storage", cluster_id=cid, data_dir=str(self.data_dir))
 
     def _java(self) -> list[str]:

@@ -12,6 +12,7 @@ caller can catch the whole family or one branch::
     │   └── EncodeError        an event that does not fit its schema
     ├── BrokerError            the local Kafka broker could not be set up, started or stopped
     ├── TopicError             topic provisioning conflicts (e.g. wrong partition count)
+    ├── TenantMismatch         a record on one tenant's topic that names another (security event)
     ├── ProcessingError        a record failed its handler after all attempts
     ├── InvalidRequest         (backbone.inputs) a request the backbone cannot take; fails alone
     ├── SimulatorError         (envs) a simulator raised, hung or returned garbage
@@ -42,6 +43,7 @@ __all__ = [
     "JoynexusError",
     "ProcessingError",
     "SchemaError",
+    "TenantMismatch",
     "TopicError",
     "UnknownSchema",
 ]
@@ -81,6 +83,12 @@ class BrokerError(JoynexusError):
 
 class TopicError(JoynexusError):
     """A topic exists with a layout that conflicts with what joynexus needs."""
+
+
+class TenantMismatch(JoynexusError):
+    """A record on tenant A's topic whose envelope names tenant B: refused, dead-lettered where
+    the role has a DLQ, and logged as a security event. The topic decides the tenant (its ACLs
+    say who could write it); the body is what the writer claims."""
 
 
 class ProcessingError(JoynexusError):

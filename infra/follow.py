@@ -2,7 +2,8 @@
 
 A ``TopicFollower`` reads every partition of the topics that match a pattern
 (new tenants' topics are picked up within seconds), from offset 0, committed
-records only, and hands each decoded event to ``apply``. It commits nothing:
+records only, and hands each decoded event to ``apply`` (not one whose envelope names another
+tenant than its topic: that is skipped and logged as a security event). It commits nothing:
 a restart folds the log again, which is what makes the read model a pure
 function of the log. ``caught_up`` waits until everything that existed when
 it was called has been applied (read-your-writes for callers that just
@@ -18,9 +19,11 @@ from collections.abc import Awaitable, Callable
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from infra.errors import SchemaError
+from infra.connection import client_options
+from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
 from infra.settings import Settings
+from infra.topics import check_tenant
 from schemas.codec import Codec
 from schemas.events import Event
 
@@ -44,7 +47,7 @@ class TopicFollower:
         self.name = name
         self.codec = codec or Codec()
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap, client_id=f"{settings.client_id}-{name}",
+            **client_options(settings), client_id=f"{settings.client_id}-{name}",
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", metadata_max_age_ms=2000)
         self.applied = 0
@@ -98,6 +101,10 @@ class TopicFollower:
             # A read model skips what it cannot read; the role that consumes the topic dead-letters it.
             log.warning("undecodable record skipped", follower=self.name, topic=record.topic,
                         partition=record.partition, offset=record.offset, error=str(exc)[:200])
+            return
+        try:
+            check_tenant(record.topic, event.tenant_id)
+        except TenantMismatch:  # a read model folds a record under its topic's tenant or not at all
             return
         try:
             self.apply(event, record)

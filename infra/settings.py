@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings", "get_settings"]
@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="JOYNEXUS_", env_file=".env", extra="ignore")
 
     # --- where things live
+    datasets_dir: Path | None = Field(
+        None, description="The only place SFT datasets are read from: a job names a dataset by its "
+        "path relative to <datasets_root>/<tenant>/. Default <home>/datasets.")
     home: Path = Field(Path(".joynexus"), description="Work directory: broker data, logs, pid files.")
     kafka_cache: Path = Field(
         Path.home() / ".cache" / "joynexus" / "kafka",
@@ -58,6 +61,28 @@ class Settings(BaseSettings):
     session_timeout_ms: int = 8_000
     heartbeat_interval_ms: int = 1_500
     max_poll_records: int = 200
+
+    # --- security (infra/connection.py builds every client's options from these)
+    # PLAINTEXT: no authentication (the default local broker). SASL_PLAINTEXT: SCRAM over TCP, as
+    # the secure local broker (`joynexus broker up --secure`) listens; TLS is not configured here.
+    security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT"] = "PLAINTEXT"
+    sasl_mechanism: Literal["SCRAM-SHA-512", "SCRAM-SHA-256"] = "SCRAM-SHA-512"
+    sasl_username: str | None = Field(
+        None, description="Who this process is on a secure broker: the service principal for the "
+        "roles, a tenant's user for the SDK/CLI (`joynexus tenant create` prints it).")
+    sasl_password: SecretStr | None = Field(None, description="Never logged or printed (SecretStr).")
+    admin_username: str = Field(
+        "admin", description="Super user of a secure broker: inter-broker and controller traffic, "
+        "and `joynexus tenant create|delete` (SCRAM, ACLs, quotas).")
+    admin_password: SecretStr | None = None
+    service_username: str = Field("service", description="The principal the service roles use.")
+    broker_secure: bool = Field(
+        False, description="Start the local broker with SASL/SCRAM listeners and the standard "
+        "authorizer (same as `joynexus broker up --secure`).")
+    tenant_produce_byte_rate: int = Field(
+        1024 * 1024, ge=1024, description="Kafka quota per tenant user: bytes/s it may produce.")
+    tenant_fetch_byte_rate: int = Field(
+        8 * 1024 * 1024, ge=1024, description="Kafka quota per tenant user: bytes/s it may fetch.")
 
     # --- topics
     topic_prefix: str = Field(
@@ -101,6 +126,11 @@ class Settings(BaseSettings):
         512.0, ge=0, description="backbone-train keeps features by content up to this size, so PPO and SFT "
         "epochs forward each distinct input once; 0: off.")
     policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
+    usage_flush_s: float = Field(
+        5.0, gt=0, description="How often the inference role publishes its per-tenant device-seconds.")
+    metering_window_s: int = Field(
+        60, ge=1, description="Tumbling window of the metering tables; `joynexus usage --window` "
+        "sums whole windows, so it must be a multiple of this.")
     tensor_inline_max_bytes: int = Field(
         256 * 1024, ge=0, description="Feature tensors above this size travel by reference (tensor store).")
 
@@ -131,6 +161,18 @@ class Settings(BaseSettings):
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
 
+    @model_validator(mode="after")
+    def _credentials_go_together(self) -> Settings:
+        if self.security_protocol != "PLAINTEXT" and not (self.sasl_username and self.sasl_password):
+            raise ValueError(f"security_protocol={self.security_protocol} needs sasl_username and "
+                             "sasl_password (JOYNEXUS_SASL_USERNAME / JOYNEXUS_SASL_PASSWORD)")
+        return self
+
+    @property
+    def secure(self) -> bool:
+        """Whether clients authenticate (SASL) to the broker."""
+        return self.security_protocol != "PLAINTEXT"
+
     def as_env(self) -> dict[str, str]:
         """These settings as ``JOYNEXUS_*`` variables, so that a child process (``joynexus up``
         starts one per role instance) runs with exactly the settings of its parent."""
@@ -138,6 +180,12 @@ class Settings(BaseSettings):
         for name, value in self.model_dump(mode="json").items():
             if value is not None:
                 env[f"JOYNEXUS_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        # model_dump masks SecretStr ("**********"); a child needs the real credentials. They go
+        # into its environment only (the supervisor's children), never into a log line.
+        for name in ("sasl_password", "admin_password"):
+            secret = getattr(self, name)
+            if secret is not None:
+                env[f"JOYNEXUS_{name.upper()}"] = secret.get_secret_value()
         return env
 
     @property
@@ -158,6 +206,11 @@ class Settings(BaseSettings):
     def tensor_dir(self) -> Path:
         """The shared tensor store of large feature tensors (infra/tensor_store.py)."""
         return self.home / "tensors"
+
+    @property
+    def datasets_root(self) -> Path:
+        """Datasets by tenant: ``<root>/<tenant>/<name>`` (deleted with the tenant)."""
+        return (self.datasets_dir or self.home / "datasets").expanduser().resolve()
 
     @property
     def run_dir(self) -> Path:

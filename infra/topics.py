@@ -20,7 +20,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import for_code
 
-from infra.errors import TopicError
+from infra.connection import client_options
+from infra.errors import TenantMismatch, TopicError
 from infra.logging import get_logger
 from infra.settings import Settings
 from infra.tenant_id import validate_tenant_id
@@ -31,6 +32,7 @@ __all__ = [
     "TopicAdmin",
     "TopicName",
     "TopicSpec",
+    "check_tenant",
     "parse_topic",
     "shared_topic",
     "sibling_topic",
@@ -128,6 +130,21 @@ def parse_topic(topic: str) -> TopicName | None:
     return None
 
 
+def check_tenant(topic: str, claimed: str | None) -> str | None:
+    """The tenant a record belongs to: the one its topic names (the broker's ACLs decide who may
+    write there), never the one its body claims. A body that names another tenant raises
+    ``TenantMismatch`` and is logged as a security event; a shared topic has no tenant (None)."""
+    name = parse_topic(topic)
+    if name is None or name.tenant is None:
+        return None
+    if claimed is not None and claimed != name.tenant:
+        log.warning("security event: a record names another tenant than its topic",
+                    security_event="tenant_mismatch", topic=topic, topic_tenant=name.tenant,
+                    claimed_tenant=claimed)
+        raise TenantMismatch(f"record on {topic} (tenant {name.tenant!r}) names tenant {claimed!r}")
+    return name.tenant
+
+
 def sibling_topic(topic: str, stream: str) -> str:
     """The same tenant's topic of another stream (a sessions partition's actions topic)."""
     name = parse_topic(topic)
@@ -152,7 +169,7 @@ class TopicAdmin:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._admin = AIOKafkaAdminClient(
-            bootstrap_servers=settings.bootstrap, client_id=f"{settings.client_id}-admin",
+            **client_options(settings), client_id=f"{settings.client_id}-admin",
             request_timeout_ms=settings.request_timeout_ms,
         )
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from aiokafka import AIOKafkaProducer
 from aiokafka.structs import RecordMetadata, TopicPartition
 
+from infra.connection import client_options
 from infra.settings import Settings
 from schemas.codec import Codec
 from schemas.events import Event
@@ -42,7 +43,7 @@ class EventProducer:
         self.codec = codec or Codec()
         self.transactional_id = transactional_id
         self._producer = AIOKafkaProducer(
-            bootstrap_servers=settings.bootstrap,
+            **client_options(settings),
             client_id=client_id or settings.client_id,
             acks="all",
             enable_idempotence=True,

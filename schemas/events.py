@@ -323,6 +323,7 @@ class UsageRecorded(Event):
     window_start: TimestampMillis
     window_end: TimestampMillis
     group_size: int
+    steps: int = 0
 
 
 class TenantRegistered(Event):

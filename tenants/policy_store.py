@@ -6,7 +6,8 @@ Layout under ``root``::
                        train_state.safetensors  AdamW state by parameter name + the slot's RNG state
                        meta.json                tenant, version, parent, step, source offsets, metrics,
                                                 config, optimizer hyper-parameters, sha256 + size of
-                                                each file, and a checksum of meta.json's own content
+                                                each file, the backbone id the modules were trained
+                                                against, and a checksum of meta.json's own content
     <tenant>/.tmp-*/                            a write in progress (or one a crash interrupted)
 
 No pickle anywhere: tensors are safetensors, everything else JSON. A version
@@ -14,10 +15,15 @@ directory appears by ``rename`` of a fully written and fsynced temp directory,
 so ``latest`` never sees half a checkpoint. Versions are ``parent + 1``: a
 replay after a crash that re-saves the same version with the same tensors is
 a no-op, with different tensors an error.
+
+Lineage: a version records the id of the backbone whose features it was trained on
+(``backbone_id``); a version saved without one inherits its parent's, so a lineage names its
+backbone once, where it starts. Checkpoints written before this field existed read as ``None``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -63,6 +69,7 @@ class CheckpointMeta:
     files: dict[str, dict[str, Any]]  # file name -> {"sha256": hex, "size_bytes": n}
     created_at: str
     format: int = FORMAT
+    backbone_id: str | None = None  # the backbone the modules were trained against (lineage)
 
 
 @dataclass(frozen=True)
@@ -154,13 +161,24 @@ class PolicyStore:
             out.append(_parse_meta(path, read_bytes(path, CheckpointCorrupt)))
         return out
 
+    def meta(self, tenant: str, version: int) -> CheckpointMeta:
+        """A version's metadata alone (verified), without reading its tensors."""
+        path = self._version_dir(tenant, version) / META_FILE
+        if not path.exists():
+            raise CheckpointNotFound(f"no version {version} of tenant {tenant} under {self.root}")
+        return _parse_meta(path, read_bytes(path, CheckpointCorrupt))
+
     def save(self, slot: TenantSlot, *, source_offsets: Mapping[str, int],
-             metrics: Mapping[str, float] | None = None) -> Checkpoint:
-        """Writes the slot as version ``slot.version + 1`` and sets ``slot.version`` to it."""
+             metrics: Mapping[str, float] | None = None, backbone_id: str | None = None) -> Checkpoint:
+        """Writes the slot as version ``slot.version + 1`` and sets ``slot.version`` to it.
+        ``backbone_id`` starts a lineage; without it the parent version's is kept."""
         if slot.failed:
             raise CheckpointError(f"refusing to save the failed slot of tenant {slot.tenant_id}: "
                                   f"{slot.failure}")
         state = slot.state()
+        if backbone_id is None and state.version:
+            with contextlib.suppress(CheckpointNotFound):
+                backbone_id = self.meta(slot.tenant_id, state.version).backbone_id
         blobs = {MODEL_FILE: safetensors.torch.save(state.model),
                  TRAIN_FILE: safetensors.torch.save(state.train)}
         meta = CheckpointMeta(
@@ -171,7 +189,7 @@ class PolicyStore:
             config=state.config.to_dict(), optimizer_groups=state.optimizer_groups,
             files={name: {"sha256": sha256_hex(data), "size_bytes": len(data)}
                    for name, data in blobs.items()},
-            created_at=datetime.now(UTC).isoformat(),
+            created_at=datetime.now(UTC).isoformat(), backbone_id=backbone_id,
         )
         try:
             meta_data = _meta_bytes(meta)

@@ -56,8 +56,10 @@ async def end_offset(settings: Settings, topic: str, partition: int = 0) -> int:
     from aiokafka import AIOKafkaConsumer
     from aiokafka.structs import TopicPartition
 
+    from infra.connection import client_options
+
     tp = TopicPartition(topic, partition)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None)
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None)
     await consumer.start()
     try:
         return (await consumer.end_offsets([tp]))[tp]

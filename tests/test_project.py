@@ -23,13 +23,15 @@ def test_one_kafka_version_everywhere() -> None:
     default = Settings.model_fields["kafka_version"].default
     readme = (ROOT / "README.md").read_text()
     assert image == f"apache/kafka:{pom}"
+    assert compose["services"]["kafka-secure"]["image"] == image  # the secure profile too
     assert default == pom
     assert f"Apache Kafka {pom}" in readme
 
 
 # The roles where compute meets the bus (the architecture page: "a role in consumers/ is the only
 # place where the two meet"); every other module of consumers/ is bus code.
-ROLE_MODULES = {"inference.py", "backbone_train.py", "optimizer.py", "convert.py", "service.py"}
+ROLE_MODULES = {"inference.py", "backbone_train.py", "optimizer.py", "convert.py", "service.py",
+                "audit.py"}
 COMPUTE = ("backbone", "tenants", "envs")
 BUS = {"aiokafka", "faust", "kafka", "producers", "consumers"}
 

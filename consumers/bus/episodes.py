@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from infra.errors import SchemaError
+from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
+from infra.topics import check_tenant
 from schemas import events as ev
 from schemas.codec import Codec
 
@@ -126,6 +127,10 @@ class RolloutReader:
                               partition=record.partition, offset=record.offset, error=str(exc)[:200])
                     continue
                 if isinstance(event, ev.RolloutRecord):
+                    try:
+                        check_tenant(record.topic, event.tenant_id)
+                    except TenantMismatch:  # logged as a security event; never collected
+                        continue
                     self.collector.add(record, event)
 
     async def commit(self) -> None:

@@ -1,8 +1,9 @@
 """The shared consume loop: at-least-once processing with manual commits and a DLQ.
 
 For every record: decode (a record that does not decode goes to the DLQ at
-once), call the handler with up to ``settings.max_attempts`` attempts (then the
-DLQ), and after each partition's batch commit the next offset. The DLQ publish
+once, and so does one whose envelope names another tenant than its topic: a
+security event), call the handler with up to ``settings.max_attempts`` attempts
+(then the DLQ), and after each partition's batch commit the next offset. The DLQ publish
 is acknowledged before the commit, so a record is never lost: at worst, after
 a crash, it is handled again (handlers are idempotent).
 
@@ -28,10 +29,11 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.protocols import Handler, RecordContext
-from infra.errors import ProcessingError, SchemaError
+from infra.connection import client_options
+from infra.errors import ProcessingError, SchemaError, TenantMismatch
 from infra.logging import get_logger
 from infra.settings import Settings
-from infra.topics import parse_topic
+from infra.topics import check_tenant, parse_topic
 from producers.producer import EventProducer
 from schemas.codec import Codec
 from schemas.events import Event
@@ -59,7 +61,7 @@ def make_consumer(
 ) -> AIOKafkaConsumer:
     extra = {"partition_assignment_strategy": assignors} if assignors else {}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap,
+        **client_options(settings),
         client_id=settings.client_id,
         group_id=group_id,
         enable_auto_commit=False,
@@ -236,6 +238,11 @@ class ConsumeLoop:
                 event = self.codec.decode(record.value)
             except SchemaError as exc:
                 await self._dead_letter(record, exc, "decode", 1)
+                return
+            try:
+                check_tenant(record.topic, event.tenant_id)
+            except TenantMismatch as exc:
+                await self._dead_letter(record, exc, "security", 1)
                 return
             with structlog.contextvars.bound_contextvars(tenant=event.tenant_id or
                                                          tenant_of_topic(record.topic)):

@@ -18,6 +18,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import for_code
 from aiokafka.structs import TopicPartition
 
+from infra.connection import client_options
 from infra.errors import SchemaError, TopicError
 from infra.settings import Settings
 from schemas.codec import Codec
@@ -44,7 +45,7 @@ def _ms(value: datetime | None) -> int | None:
 
 
 async def _partitions(settings: Settings, topic: str) -> list[int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap,
+    admin = AIOKafkaAdminClient(**client_options(settings),
                                 request_timeout_ms=settings.request_timeout_ms)
     await admin.start()
     try:
@@ -87,7 +88,7 @@ async def replay(
     codec = codec or Codec()
     from_ms, to_ms = _ms(from_time), _ms(to_time)
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap, client_id=f"{settings.client_id}-replay",
+        **client_options(settings), client_id=f"{settings.client_id}-replay",
         group_id=None, enable_auto_commit=False,  # no group: nothing joined, nothing moved
         isolation_level="read_uncommitted" if read_uncommitted else "read_committed",
         request_timeout_ms=settings.request_timeout_ms,

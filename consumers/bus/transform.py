@@ -26,9 +26,10 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.loop import bind_record, context_of, invoke_with_retries, make_consumer
 from consumers.bus.protocols import Output, RecordContext, Transform
-from infra.errors import ProcessingError, SchemaError
+from infra.errors import ProcessingError, SchemaError, TenantMismatch
 from infra.logging import get_logger
 from infra.settings import Settings
+from infra.topics import check_tenant
 from producers.producer import EventProducer
 from schemas.codec import Codec
 
@@ -152,6 +153,11 @@ class TransformWorker:
                 event = self.codec.decode(record.value)
             except SchemaError as exc:
                 await self._dead_letter(producer, record, exc, "decode", 1)
+                return
+            try:
+                check_tenant(record.topic, event.tenant_id)
+            except TenantMismatch as exc:  # the topic decides the tenant; a forged body is refused
+                await self._dead_letter(producer, record, exc, "security", 1)
                 return
             try:
                 outputs: Sequence[Output] = await invoke_with_retries(

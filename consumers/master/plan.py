@@ -13,9 +13,11 @@ episodes use seeds from ``EVAL_SEED_BASE`` on, never seen in training.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from envs import open_simulator
 from infra.errors import ConfigError, JoynexusError
+from infra.settings import Settings
 from producers.dataset.feeder import FeedPlan
 from producers.dataset.format import Dataset, DatasetError, layout_batches
 from schemas import events as ev
@@ -27,6 +29,7 @@ __all__ = [
     "EVAL_SEED_BASE",
     "Dims",
     "dataset_dims",
+    "dataset_path",
     "env_dims",
     "eval_session",
     "feed_plan",
@@ -83,9 +86,27 @@ def env_dims(spec: JobSpec) -> Dims:
         sim.close()
 
 
-def dataset_dims(spec: JobSpec) -> tuple[Dims, Dataset]:
+def dataset_path(spec: JobSpec, settings: Settings) -> Path:
+    """Where a job's dataset is read from. Confined (a secure broker, or ``datasets_dir`` set):
+    only under ``<datasets_root>/<tenant>/``, a relative ``dataset.path`` taken from there and an
+    absolute one refused unless it lies inside (links resolved first), so a job cannot make the
+    service read another tenant's data or any other file on its machine. Not confined (the
+    default, single-user profile): the path as given."""
+    given = Path(spec.dataset.path).expanduser()
+    if not (settings.secure or settings.datasets_dir is not None):
+        return given
+    root = (settings.datasets_root / spec.tenant).resolve()
+    resolved = (given if given.is_absolute() else root / given).resolve()
+    if not resolved.is_relative_to(root):
+        raise CompileError("dataset.path", f"datasets of tenant {spec.tenant} are read from {root} "
+                           f"only (give a path relative to it); {spec.dataset.path!r} is outside")
+    return resolved
+
+
+def dataset_dims(spec: JobSpec, settings: Settings) -> tuple[Dims, Dataset]:
+    path = dataset_path(spec, settings)
     try:
-        dataset = Dataset(spec.dataset.path)
+        dataset = Dataset(path)
     except (DatasetError, OSError) as exc:
         raise CompileError("dataset.path", str(exc)) from exc
     meta = dataset.meta

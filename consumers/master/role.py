@@ -202,11 +202,12 @@ class Master:
                 raise plan.CompileError(
                     "eval.policy_version", f"tenant {tenant} has no policy version {version or '(none yet)'}"
                 )
+            self._check_lineage(tenant, version, "eval.policy_version")
             if spec.env is not None:
                 await asyncio.to_thread(plan.env_dims, spec)  # the env must start, before we accept
                 sessions = [plan.eval_session(spec, version, self.producer_id)]
             else:  # a held-out dataset: the evaluator scores it itself, no sessions
-                await asyncio.to_thread(plan.dataset_dims, spec)
+                await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
                 sessions = []
             resources = {"policy_version": str(version)}
         else:
@@ -239,13 +240,28 @@ class Master:
         log.info("job accepted", tenant=tenant, job=spec.job_id, kind=spec.kind, **resources)
         return outputs
 
+    def _check_lineage(self, tenant: str, version: int, loc: str) -> None:
+        """A policy runs only on the backbone its modules were trained against: its features are
+        another model's otherwise (and of another width, a RuntimeError on every observation)."""
+        meta = self.service.store.meta(tenant, version)
+        here = self.service.info  # the master describes the backbone, it does not load it
+        if meta.backbone_id is not None and meta.backbone_id != here.backbone_id:
+            raise plan.CompileError(
+                loc, f"version {version} of tenant {tenant} was trained against backbone "
+                f"{meta.backbone_id}; this service runs {here.backbone_id}")
+        trained_width = meta.config.get("hidden_size")
+        if meta.backbone_id is None and trained_width != here.hidden_size:  # written before lineage
+            raise plan.CompileError(
+                loc, f"version {version} of tenant {tenant} expects {trained_width}-wide features; "
+                f"this service's backbone {here.backbone_id} gives {here.hidden_size}")
+
     async def _initial_policy(self, spec: JobSpec) -> tuple[int, list[Output], dict[str, str]]:
         """The version training starts from: an existing one, or fresh modules saved as a new one."""
         service, tenant = self.service, spec.tenant
         if spec.kind == "rl":
             dims = await asyncio.to_thread(plan.env_dims, spec)
         else:
-            dims, dataset = await asyncio.to_thread(plan.dataset_dims, spec)
+            dims, dataset = await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
         config = plan.tenant_config(spec, service.info.hidden_size, dims)
         resources = {"action_dim": str(dims.action_dim), "proprio_dim": str(dims.proprio_dim)}
         if spec.kind == "sft":
@@ -253,6 +269,7 @@ class Master:
         if spec.init_version is not None:
             if spec.init_version not in service.store.versions(tenant):
                 raise plan.CompileError("init_version", f"tenant {tenant} has no version {spec.init_version}")
+            self._check_lineage(tenant, spec.init_version, "init_version")
             old = service.store.load(tenant, spec.init_version).state.config
             if (old.hidden_size, old.head.kind, old.head.action_dim, old.head.proprio_dim) != (
                 config.hidden_size,
@@ -272,7 +289,8 @@ class Master:
         else:
             slot = TenantSlot(config)
             slot.version = service.store.latest_version(tenant) or 0
-            checkpoint = await asyncio.to_thread(service.store.save, slot, source_offsets={marker: 0})
+            checkpoint = await asyncio.to_thread(service.store.save, slot, source_offsets={marker: 0},
+                                                 backbone_id=service.info.backbone_id)
         ref = checkpoint.ref
         published = ev.PolicyVersionPublished(
             envelope=self._envelope(tenant, spec.job_id),
@@ -357,7 +375,7 @@ class Master:
 
     async def _feed(self, spec: JobSpec, state: JobState) -> None:
         try:
-            _, dataset = await asyncio.to_thread(plan.dataset_dims, spec)
+            _, dataset = await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
             version = int(state.resources.get("start_version", "0"))
             feeder = DatasetFeeder(
                 self.settings, dataset, plan.feed_plan(spec, version, spec.modules.chunk_len)

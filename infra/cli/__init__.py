@@ -1,6 +1,7 @@
 """The ``joynexus`` command line, one module per command group.
 
-    joynexus broker fetch|up|down|status|logs     the local Kafka broker            (broker.py)
+    joynexus broker fetch|up [--secure]|down|...  the local Kafka broker            (broker.py)
+    joynexus tenant create|delete|list            tenants of a secure broker        (tenants.py)
     joynexus topics ensure|list|delete            topic provisioning                (bus.py)
     joynexus replay TOPIC [window] [--json]       read events without touching any group
     joynexus schemas                              schema names and fingerprints
@@ -11,18 +12,21 @@
     joynexus demo [--quick]                       3 RL + 1 SFT tenants, then evaluations
     joynexus health [--json]                      every role instance's heartbeat   (health.py)
     joynexus submit FILE [-f] | status | cancel   tenants' jobs                     (jobs.py)
+    joynexus audit verify --tenant T [--version N]  re-derive policies from the log  (audit.py)
+    joynexus metering | usage [TENANT] [--window 1h]  the faust metering role, its totals (usage.py)
 """
 
 from __future__ import annotations
 
 import typer
 
-from infra.cli import assets, broker, bus, health, jobs, service
+from infra.cli import assets, audit, broker, bus, health, jobs, service, tenants, usage
 
 __all__ = ["app"]
 
 app = typer.Typer(no_args_is_help=True, help="joynexus: multi-tenant VLA post-training on Kafka.")
 app.add_typer(broker.app, name="broker")
-for group in (bus, assets, service, health, jobs):  # their commands and sub-groups sit at the top level
+# their commands and sub-groups sit at the top level
+for group in (bus, assets, service, health, jobs, tenants, audit, usage):
     app.registered_commands.extend(group.app.registered_commands)
     app.registered_groups.extend(group.app.registered_groups)

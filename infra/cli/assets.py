@@ -79,6 +79,25 @@ def dataset_generate(
                   f"success rate {meta.success_rate:.2f}")
 
 
+@dataset_app.command("upload")
+def dataset_upload(
+    path: Annotated[Path, typer.Argument(help="Dataset directory to install.")],
+    tenant: Annotated[str, typer.Option("--tenant", "-t")],
+    name: Annotated[str | None, typer.Option(help="Name under the tenant's root (default: the "
+                                             "directory's name).")] = None,
+) -> None:
+    """Verify a dataset and install it under <datasets_root>/<tenant>/<name>, where SFT jobs of a
+    confined deployment read it (their dataset.path is then NAME)."""
+    from producers.dataset.upload import install_dataset
+
+    settings = load_settings()
+    try:
+        target = install_dataset(path, settings.datasets_root, tenant, name or path.resolve().name)
+    except (JoynexusError, OSError) as exc:
+        fail(exc)
+    console.print(f"installed {target}; jobs of tenant {tenant} name it dataset.path: {target.name}")
+
+
 @dataset_app.command("feed")
 def dataset_feed(
     path: Annotated[Path, typer.Argument(help="Dataset directory.")],

@@ -27,14 +27,25 @@ def broker_fetch() -> None:
 
 
 @app.command("up")
-def broker_up() -> None:
+def broker_up(
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="SASL/SCRAM listeners, ACLs (StandardAuthorizer), a service principal. "
+        "Fixed per work directory when its storage is formatted.")] = False,
+) -> None:
     """Fetch (once), format (once) and start the broker; wait until it answers."""
+    settings = load_settings()
+    if secure:
+        settings = settings.model_copy(update={"broker_secure": True})
+    broker = LocalBroker(settings)
     try:
-        status = LocalBroker(load_settings()).up()
+        status = broker.up()
     except JoynexusError as exc:
         fail(exc)
     console.print(f"broker [green]ready[/green] on {status.bootstrap} "
                   f"(Kafka {status.version}, pid {status.pid}, data {status.data_dir})")
+    if broker.secure:  # the path only: passwords are never printed or logged here
+        console.print(f"secure: credentials of the service and the super user in {broker.secrets_file} "
+                      f"(mode 600); load them with  set -a; . {broker.secrets_file}; set +a")
 
 
 @app.command("down")
@@ -58,3 +69,32 @@ def broker_status() -> None:
 def broker_logs(lines: Annotated[int, typer.Option("-n", "--lines")] = 100) -> None:
     """Print the last lines of the broker's log."""
     print(LocalBroker(load_settings()).logs(lines))
+
+
+@app.command("grant-service")
+def broker_grant_service() -> None:
+    """On a secure broker that `broker up --secure` did not start (docker compose --profile
+    secure, a managed cluster): create or re-key the service principal and its ACLs. Needs
+    JOYNEXUS_ADMIN_PASSWORD; uses JOYNEXUS_SASL_PASSWORD as the service's password, or makes one
+    and prints it once."""
+    import asyncio
+
+    from infra.runtime.tenancy import TenantManager, new_password
+
+    settings = load_settings()
+    given = settings.sasl_password.get_secret_value() if settings.sasl_password else None
+    password = given or new_password()
+
+    async def go() -> None:
+        async with TenantManager(settings) as tm:
+            await tm.grant_service(password)
+
+    try:
+        asyncio.run(go())
+    except JoynexusError as exc:
+        fail(exc)
+    console.print(f"service principal [green]{settings.service_username}[/green] ready")
+    if not given:  # only a password made here is shown, and only on stdout
+        print(f"JOYNEXUS_SECURITY_PROTOCOL=SASL_PLAINTEXT\nJOYNEXUS_SASL_USERNAME={settings.service_username}"
+              f"\nJOYNEXUS_SASL_PASSWORD={password}")
+

@@ -70,8 +70,11 @@ class Client:
     async def submit(self, spec: JobSpec | dict[str, Any] | str) -> JobHandle:
         """Publish a JobSubmitted; raises JobSpecInvalid here already for a spec that cannot parse."""
         spec = JobSpec.parse(spec)
-        async with TopicAdmin(self.settings) as admin:
-            await admin.ensure_tenant(spec.tenant)
+        if not self.settings.secure:
+            # On a secure broker `joynexus tenant create` provisioned the topics, and a tenant's
+            # credentials may not create or configure topics.
+            async with TopicAdmin(self.settings) as admin:
+                await admin.ensure_tenant(spec.tenant)
         await self.submit_raw(spec.tenant, spec.job_id, spec.kind.upper(), spec.to_json())
         return JobHandle(spec.tenant, spec.job_id)
 

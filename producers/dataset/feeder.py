@@ -19,6 +19,7 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
+from infra.connection import client_options
 from infra.logging import get_logger
 from infra.settings import Settings
 from infra.tenant_id import validate_tenant_id
@@ -54,7 +55,7 @@ async def last_sequence(settings: Settings, topic: str, job_id: str, codec: Code
     """The sequence of the last committed GradientJob of ``job_id`` (None: none yet)."""
     codec = codec or Codec()
     tp = TopicPartition(topic, 0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+    consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed")
     await consumer.start()
     try:
