@@ -54,12 +54,17 @@ from infra.topics import shared_topic
 from producers.producer import EventProducer
 from schemas import events as ev
 
-__all__ = ["DEFAULT_KINDS", "Instance", "ProcessSupervisor", "parse_scale", "run_up"]
+__all__ = ["DEFAULT_KINDS", "METERING", "SUPERVISED_KINDS", "Instance", "ProcessSupervisor", "parse_scale",
+           "run_up"]
 
 log = get_logger("infra.runtime.supervisor")
 
+#: The metering role is a faust app with a worker of its own (``joynexus metering``): supervised
+#: like the others (restarted when it exits), but it sends no heartbeats, so no verdict covers it.
+METERING = "metering"
+SUPERVISED_KINDS = (*KINDS, METERING)
 #: What ``joynexus up`` runs on one machine by default.
-DEFAULT_KINDS = ("device", "master", "env", "optimizer", "rollout", "evaluator", "health")
+DEFAULT_KINDS = ("device", "master", "env", "optimizer", "rollout", "evaluator", "health", METERING)
 _SCALE_EVERY_S = 2.0
 _DOWN_AFTER_S = 20.0
 
@@ -90,8 +95,9 @@ def parse_scale(text: str) -> dict[str, int]:
     scale: dict[str, int] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         kind, _, count = part.partition("=")
-        if kind not in KINDS or not count.isdigit():
-            raise JoynexusError(f"bad --scale entry {part!r}: want KIND=N, KIND one of {', '.join(KINDS)}")
+        if kind not in SUPERVISED_KINDS or not count.isdigit():
+            raise JoynexusError(f"bad --scale entry {part!r}: want KIND=N, KIND one of "
+                                f"{', '.join(SUPERVISED_KINDS)}")
         scale[kind] = int(count)
     return scale
 
@@ -105,9 +111,9 @@ def _exit_cause(code: int) -> str:
 class ProcessSupervisor:
     def __init__(self, settings: Settings, kinds: Sequence[str] = DEFAULT_KINDS,
                  scale: Mapping[str, int] | None = None, *, autoscale: bool = True):
-        unknown = [k for k in kinds if k not in KINDS]
+        unknown = [k for k in kinds if k not in SUPERVISED_KINDS]
         if unknown:
-            raise JoynexusError(f"unknown process kind(s) {unknown}; kinds: {', '.join(KINDS)}")
+            raise JoynexusError(f"unknown process kind(s) {unknown}; kinds: {', '.join(SUPERVISED_KINDS)}")
         self.settings = settings
         self.kinds = tuple(kinds)
         self.scale = dict(scale or {})
@@ -190,6 +196,8 @@ class ProcessSupervisor:
                      old_pid: int | None = None) -> None:
         cmd = [sys.executable, "-m", "infra", "run", inst.kind, "--instance", inst.instance_id,
                "--restarts", str(inst.restarts), "--parent-pid", str(os.getpid())]
+        if inst.kind == METERING:
+            cmd = [sys.executable, "-m", "infra", "metering"]
         with open(self.log_dir / f"{inst.instance_id}.log", "ab") as out:
             inst.process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
