@@ -67,7 +67,7 @@ async def forward_grouped_on(
             began = time.perf_counter()
             out = await asyncio.to_thread(backbone.forward, group)
         else:
-            async with gate.use(queue):
+            async with gate.use(queue, [p.tenant for p in group]):
                 began = time.perf_counter()
                 out = await asyncio.to_thread(backbone.forward, group)
         done.append(BucketForward(key, tuple(rows), time.perf_counter() - began))

@@ -139,6 +139,10 @@ async def run_demo(
     summary = _summary(specs, states, evals, service_stats)
     _write_run(run_dir, summary, states)
     _print_summary(console, summary, run_dir)
+    # --- run report (issue 13): the device timeline as forwards.json, then report.html ---------
+    from infra.runtime.report import write_run_report
+
+    console.print(f"report: {write_run_report(run_dir, service.gate)}")
     return summary
 
 

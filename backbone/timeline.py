@@ -1,0 +1,96 @@
+"""The device timeline: one record per backbone forward (queue, start, end, the tenant of each row).
+
+The device gate (``backbone/gate.py``) appends a ``ForwardRecord`` for every
+forward it admits; ``backbone/grouped.py`` tells it whose rows the forward
+computed. This is the raw material of the report's timeline (tenants filling
+each other's idle gaps), its group-size histogram and the per-queue busy
+fractions, and of the benchmarks' projection model.
+
+Times are seconds on ``time.monotonic()`` relative to the log's own origin
+(``ForwardLog.origin``), so records of one process are comparable with each
+other and never with another process's. The log keeps the newest
+``maxlen`` records (a service runs for days); ``dropped`` counts the rest.
+
+On disk (``forwards.json``, written by ``dump``, read by ``load``)::
+
+    {"format": "joynexus.forwards.v1", "origin_unix": <float, wall clock at origin>,
+     "dropped": <int>, "columns": ["queue", "start_s", "end_s", "tenants"],
+     "forwards": [["inference", 0.0123, 0.0150, ["alice", "alice", "bob"]], ...]}
+
+Pure compute bookkeeping: no Kafka, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FORMAT", "ForwardLog", "ForwardRecord", "load_forwards"]
+
+FORMAT = "joynexus.forwards.v1"
+
+
+@dataclass(frozen=True)
+class ForwardRecord:
+    queue: str  # "inference" or "train"
+    start_s: float  # seconds since the log's origin
+    end_s: float
+    tenants: tuple[str, ...]  # one entry per row of the forward (empty when the caller did not say)
+
+    @property
+    def busy_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @property
+    def rows(self) -> int:
+        return len(self.tenants)
+
+
+class ForwardLog:
+    """Bounded, append-only list of the forwards of one device."""
+
+    def __init__(self, maxlen: int = 500_000, clock=time.monotonic) -> None:
+        self._clock = clock
+        self.origin = clock()
+        self.origin_unix = time.time()
+        self.records: deque[ForwardRecord] = deque(maxlen=maxlen)
+        self.dropped = 0
+
+    def now(self) -> float:
+        """Seconds since the origin, on the log's clock."""
+        return self._clock() - self.origin
+
+    def add(self, queue: str, start_s: float, end_s: float, tenants: Sequence[str] = ()) -> None:
+        if len(self.records) == self.records.maxlen:
+            self.dropped += 1
+        self.records.append(ForwardRecord(queue, start_s, end_s, tuple(tenants)))
+
+    def since(self, start_s: float) -> list[ForwardRecord]:
+        """Records that started at or after ``start_s`` (a benchmark's window)."""
+        return [r for r in self.records if r.start_s >= start_s]
+
+    def to_json(self, records: Iterable[ForwardRecord] | None = None) -> dict:
+        rows = self.records if records is None else records
+        return {
+            "format": FORMAT,
+            "origin_unix": self.origin_unix,
+            "dropped": self.dropped,
+            "columns": ["queue", "start_s", "end_s", "tenants"],
+            "forwards": [[r.queue, round(r.start_s, 6), round(r.end_s, 6), list(r.tenants)] for r in rows],
+        }
+
+    def dump(self, path: Path, records: Iterable[ForwardRecord] | None = None) -> Path:
+        path.write_text(json.dumps(self.to_json(records), separators=(",", ":")))
+        return path
+
+
+def load_forwards(path: Path) -> list[ForwardRecord]:
+    """The records of a ``forwards.json``; a file of another format is refused with its name."""
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a {FORMAT} file (format={data.get('format')!r})")
+    return [ForwardRecord(q, float(s), float(e), tuple(t)) for q, s, e, t in data["forwards"]]
