@@ -7,6 +7,7 @@
 #   2. tenant-slot memory on the device, measured with torch.cuda.max_memory_allocated /
 #      memory_allocated for one more tenant (benchmarks/tenant_memory.py --device cuda);
 #   3. shared vs isolated for the demo scenario on the GPU (benchmarks/multi_tenant.py, gpu-1b);
+#   4. the projection model (benchmarks/projection.py) replaying those traces with gpu-2b forwards;
 #   then results.json + results.md in the output folder (benchmarks/gpu_summary.py).
 #
 # --dry-run does the same on the CPU with the tiny preset (fp32, 1 repeat, the smoke scenario
@@ -104,6 +105,16 @@ step tenant_memory 90 "$PY" benchmarks/tenant_memory.py --presets $MEM_PRESETS -
 
 step multi_tenant 240 env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
   "$PY" -m benchmarks.multi_tenant "${MT_ARGS[@]}" --json "$OUT/multi_tenant.json" --run-dir "$OUT/multi_tenant_run"
+
+# PROJECTION (labelled so in its output): the measured traces above replayed by the device model
+# with this run's forward times of the 2B preset (tiny in a dry run).
+TABLE="$OUT/group_batching_$([ $DRY = 1 ] && echo tiny || echo gpu-2b).json"
+if [ -f "$OUT/multi_tenant_run/traces.json" ] && [ -f "$TABLE" ]; then
+  step projection 60 "$PY" -m benchmarks.projection "$OUT/multi_tenant_run" --gpu-table "$TABLE" \
+    --json "$OUT/projection.json"
+else
+  echo '{"name": "projection", "status": "skipped", "reason": "needs the multi_tenant traces and the batching table"}' >> "$STEPS"
+fi
 
 "$PY" benchmarks/gpu_summary.py "$OUT"
 echo "results: $OUT/results.md, $OUT/results.json (total $(( $(date +%s) - START ))s)"

@@ -40,7 +40,7 @@ def collect(out: Path) -> dict[str, Any]:
     return {"environment": _load(out / "environment.json"), "steps": steps,
             "group_batching": {k: v for k, v in group.items() if v},
             "tenant_memory": _load(out / "tenant_memory.json"),
-            "multi_tenant": _load(out / "multi_tenant.json")}
+            "multi_tenant": _load(out / "multi_tenant.json"), "projection": _load(out / "projection.json")}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -100,6 +100,20 @@ def markdown(results: dict[str, Any]) -> str:
                          f"| {PAPER[f'busy_fraction_{q}']} |")
         lines.append(f"\nfinal parameters bit-identical across runs: {sum(mt['bit_identical'])}/"
                      f"{len(mt['bit_identical'])} tenants")
+    proj = results.get("projection")
+    lines += ["", "## PROJECTION (a model, not a measurement)", ""]
+    if not proj:
+        lines.append("not run (step failed or skipped)")
+    else:
+        gpu, miss = proj["projection_gpu"], proj["model_cpu_miss"]
+        lines += [f"benchmarks/projection.py on the traces above; {proj['gpu_source']}. "
+                  f"The model reproduces this run's shared makespan within {miss['shared']:+.1%}.", "",
+                  "| figure | isolated | shared | ratio |", "|---|---:|---:|---:|",
+                  f"| device time (s) | {gpu['isolated']['device_time_s']:.1f} "
+                  f"| {gpu['shared']['device_time_s']:.1f} | saving {gpu['device_time_saving']:.1%} |"]
+        for q in ("train", "inference"):
+            i, s = gpu["isolated"][f"busy_fraction_{q}"], gpu["shared"][f"busy_fraction_{q}"]
+            lines.append(f"| busy fraction {q} | {i:.1%} | {s:.1%} | {s / i if i else float('nan'):.2f}x |")
     return "\n".join(lines) + "\n"
 
 

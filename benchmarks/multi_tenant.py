@@ -31,7 +31,9 @@ simulators use; see README "Results" for what that does to busy fractions.
 Outputs: a table on stdout; ``--json`` (and ``RUN_DIR/multi_tenant.json``):
 {scenario, repeats, runs: [...], medians, spread, ratios, bit_identical};
 ``RUN_DIR/comparison.json`` (``joynexus.comparison.v1``, for the report),
-``jobs.json`` and ``forwards.json`` of the last shared run, and ``report.html``.
+``jobs.json`` and ``forwards.json`` of the last shared run, ``report.html``, and
+``traces.json`` (every counted run's forwards and per-tenant job spans, the
+input of ``benchmarks/projection.py``).
 """
 
 from __future__ import annotations
@@ -95,24 +97,42 @@ class InProcessDevice:
     def timeline_since(self, start_s: float):
         return self.gate.timeline.since(start_s)
 
+    def clock(self) -> float:
+        """Now, on the clock of the timeline's records."""
+        return self.gate.timeline.now()
 
-async def _follow(client, specs: list[dict], together: bool):
+
+async def _follow(client, specs: list[dict], together: bool, clock) -> tuple[list, list]:
+    """The jobs' final states, and each job's (submitted, completed) on the device's ``clock``."""
+    spans: list[list[float]] = [[0.0, 0.0] for _ in specs]
+
+    async def one(i: int, handle):
+        state = await client.follow(handle, timeout_s=3600)
+        spans[i][1] = clock()
+        return state
+
     if together:
-        handles = [await client.submit(spec) for spec in specs]
-        states = await asyncio.gather(*(client.follow(h, timeout_s=3600) for h in handles))
+        handles = []
+        for i, spec in enumerate(specs):
+            spans[i][0] = clock()
+            handles.append(await client.submit(spec))
+        states = await asyncio.gather(*(one(i, h) for i, h in enumerate(handles)))
     else:
-        states = [await client.follow(await client.submit(spec), timeout_s=3600) for spec in specs]
+        states = []
+        for i, spec in enumerate(specs):
+            spans[i][0] = clock()
+            states.append(await one(i, await client.submit(spec)))
     bad = [(s.tenant, s.phase, s.reason) for s in states if s.phase != "completed"]
     if bad:
         raise RuntimeError(f"jobs did not complete: {bad}")
-    return states
+    return states, spans
 
 
 async def run_mode(device, client, base: list[dict], mode: str, label: str) -> dict[str, Any]:
     specs = [{**s, "tenant": f"{s['tenant']}-{label}", "job_id": "bench"} for s in base]
     before = device.snapshot()
     began = time.monotonic()
-    states = await _follow(client, specs, together=mode == "shared")
+    states, spans = await _follow(client, specs, mode == "shared", device.clock)
     makespan = time.monotonic() - began
     after = device.snapshot()
     run = {k: after[k] - before[k] for k in after if k != "clock_s"}
@@ -121,6 +141,8 @@ async def run_mode(device, client, base: list[dict], mode: str, label: str) -> d
     for q in ("train", "inference", "total"):
         run[f"busy_fraction_{q}"] = run[f"busy_{q}_s"] / makespan
     run["tenants"] = [s["tenant"] for s in specs]
+    run["kinds"] = [s["kind"] for s in specs]
+    run["spans"] = spans  # per tenant: (submitted, completed) on the timeline's clock
     run["_states"] = states
     run["_forwards"] = device.timeline_since(before["clock_s"])
     return run
@@ -243,6 +265,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     origin = min((f.start_s for f in forwards), default=0.0)  # the report's clock starts with the run
     ForwardLog().dump(run_dir / "forwards.json", [
         ForwardRecord(f.queue, f.start_s - origin, f.end_s - origin, f.tenants) for f in forwards])
+    # every counted run's forwards and job spans, for the projection model (benchmarks/projection.py)
+    (run_dir / "traces.json").write_text(json.dumps([
+        {"mode": r["mode"], "repeat": r["repeat"], "tenants": r["tenants"], "kinds": r["kinds"],
+         "spans": r["spans"], "makespan_s": r["makespan_s"],
+         "forwards": ForwardLog().to_json(r["_forwards"])} for r in runs]))
     console.print(f"run directory: {run_dir} (multi_tenant.json, report.html: {write_report(run_dir).name})")
     return result
 

@@ -33,7 +33,8 @@ def test_dry_run_produces_every_section(settings, tmp_path: Path) -> None:
     results = json.loads((out / "results.json").read_text())
     assert results["environment"]["dry_run"] == 1 and results["environment"]["cuda"] in (True, False)
     assert [(s["name"], s["status"]) for s in results["steps"]] == [
-        ("environment", "ok"), ("group_batching_tiny", "ok"), ("tenant_memory", "ok"), ("multi_tenant", "ok")]
+        ("environment", "ok"), ("group_batching_tiny", "ok"), ("tenant_memory", "ok"), ("multi_tenant", "ok"),
+        ("projection", "ok")]
     rows = results["group_batching"]["tiny"]
     assert {(r["tenants"], r["local_batch"]) for r in rows} == {(1, 1), (1, 4), (8, 1), (8, 4)}
     for r in rows:
@@ -50,9 +51,12 @@ def test_dry_run_produces_every_section(settings, tmp_path: Path) -> None:
     assert iso["busy_fraction_total"] == pytest.approx(iso["busy_total_s"] / iso["device_time_s"])
     md = (out / "results.md").read_text()
     for heading in ("DRY RUN", "## Group batching", "## Tenant-slot memory", "## Shared vs isolated",
-                    "bit-identical across runs: 3/3"):
+                    "bit-identical across runs: 3/3", "## PROJECTION (a model, not a measurement)"):
         assert heading in md
     assert (out / "multi_tenant_run" / "report.html").exists()
+    proj = results["projection"]
+    assert proj["gpu_source"].startswith("measured GPU forward times from group_batching_tiny.json")
+    assert proj["measured"]["shared_device_time_s"] == pytest.approx(mt["medians"]["shared"]["makespan_s"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
