@@ -23,6 +23,7 @@ Pure compute bookkeeping: no Kafka, no torch.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -34,7 +35,7 @@ __all__ = ["FORMAT", "ForwardLog", "ForwardRecord", "load_forwards"]
 FORMAT = "joynexus.forwards.v1"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ForwardRecord:
     queue: str  # "inference" or "train"
     start_s: float  # seconds since the log's origin
@@ -53,7 +54,8 @@ class ForwardRecord:
 class ForwardLog:
     """Bounded, append-only list of the forwards of one device."""
 
-    def __init__(self, maxlen: int = 500_000, clock=time.monotonic) -> None:
+    def __init__(self, maxlen: int = 100_000, clock=time.monotonic) -> None:
+        # measured ~185 bytes a record (3 rows, interned tenant ids): the newest 100k take ~18 MB
         self._clock = clock
         self.origin = clock()
         self.origin_unix = time.time()
@@ -67,7 +69,7 @@ class ForwardLog:
     def add(self, queue: str, start_s: float, end_s: float, tenants: Sequence[str] = ()) -> None:
         if len(self.records) == self.records.maxlen:
             self.dropped += 1
-        self.records.append(ForwardRecord(queue, start_s, end_s, tuple(tenants)))
+        self.records.append(ForwardRecord(queue, start_s, end_s, tuple(sys.intern(t) for t in tenants)))
 
     def since(self, start_s: float) -> list[ForwardRecord]:
         """Records that started at or after ``start_s`` (a benchmark's window)."""
