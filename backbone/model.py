@@ -12,8 +12,11 @@ VLAFeature per request, in order.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,22 +27,26 @@ from transformers.utils import logging as hf_logging
 
 from backbone.families import Family, family_for
 from backbone.feature import VLAFeature
+from backbone.info import MINI_PRESET, SPEC_FILE, BackboneInfo, fingerprint, resolve_device
 from backbone.inputs import BucketKey, InvalidRequest, Prepared, VLARequest, proprio_tensor, resize_images
 from backbone.mini import IMAGE_SIZE as MINI_IMAGE_SIZE
 from backbone.mini import MiniFamily, MiniVLM
-from backbone.presets import Preset, SpecialTokens, get_preset, hf_config
+from backbone.presets import Preset, SpecialTokens, get_preset, hf_config, preset_dir
 from backbone.tokenizer import build_tokenizer
 from infra.errors import ConfigError
 from infra.logging import get_logger
 
-__all__ = ["Backbone", "BackboneSpec", "build_preset", "preset_parameters", "resolve_device",
-           "set_torch_threads"]
+__all__ = [
+    "Backbone",
+    "BackboneSpec",
+    "build_preset",
+    "ensure_preset",
+    "preset_parameters",
+]
 
 log = get_logger("backbone.model")
 hf_logging.disable_progress_bar()  # shard-loading bars would interleave with JSON logs
 hf_logging.set_verbosity_error()
-SPEC_FILE = "joynexus_backbone.json"
-MINI_PRESET = "mini-pretrained"
 
 
 @dataclass(frozen=True)
@@ -52,23 +59,6 @@ class BackboneSpec:
     token_buckets: tuple[int, ...] = (8, 16, 32, 64)
     preset: str | None = None
     tokens: SpecialTokens = SpecialTokens()
-
-
-def resolve_device(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """CUDA + bf16 when present, else CPU + fp32 (unless told otherwise)."""
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, getattr(torch, dtype)
-
-
-def _fingerprint(path: Path) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(path.glob("*.safetensors")) + sorted(path.glob("*.json")):
-        digest.update(file.name.encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()[:16]
 
 
 def _read_spec(path: Path, config, tokenizer) -> BackboneSpec:
@@ -132,7 +122,7 @@ class Backbone:
         processor = AutoImageProcessor.from_pretrained(path, local_files_only=True)
         patch = getattr(config.vision_config, "patch_size", 14)
         family = family_cls(processor, spec.tokens, patch)
-        backbone_id = f"{spec.preset or path.name}@{_fingerprint(path)}"
+        backbone_id = f"{spec.preset or path.name}@{fingerprint(path)}"
         log.info("backbone loaded", path=str(path), family=spec.family, device=str(dev),
                  dtype=str(dt), parameters=sum(p.numel() for p in model.parameters()),
                  backbone_id=backbone_id)
@@ -143,11 +133,7 @@ class Backbone:
                     dtype: str = "auto") -> Backbone:
         if name == MINI_PRESET:
             return cls.mini_pretrained(device, dtype)
-        preset = get_preset(name)
-        path = preset_dir(root, preset)
-        if not (path / SPEC_FILE).exists():
-            build_preset(preset, path)
-        return cls.load(path, device, dtype)
+        return cls.load(ensure_preset(name, root), device, dtype)
 
     @classmethod
     def mini_pretrained(cls, device: str = "auto", dtype: str = "auto") -> Backbone:
@@ -165,6 +151,10 @@ class Backbone:
     def hidden_size(self) -> int:
         config = self.model.config
         return (config.get_text_config() if hasattr(config, "get_text_config") else config).hidden_size
+
+    @property
+    def info(self) -> BackboneInfo:
+        return BackboneInfo(self.backbone_id, self.hidden_size, self.device)
 
     # ------------------------------------------------------------ requests
     def prepare(self, request: VLARequest) -> Prepared:
@@ -224,13 +214,6 @@ class Backbone:
         return [n for n, p in self.model.named_parameters() if p.requires_grad]
 
 
-def preset_dir(root: str | Path, preset: Preset) -> Path:
-    """Where a preset is built: the name plus a digest of its definition, so a changed
-    preset (or a different tokens layout) is built afresh instead of loading a stale one."""
-    definition = json.dumps([asdict(preset), asdict(SpecialTokens())], sort_keys=True, default=str)
-    return Path(root) / f"{preset.name}-{hashlib.sha256(definition.encode()).hexdigest()[:10]}"
-
-
 def preset_parameters(name: str) -> int:
     """Parameters of a preset, counted on the meta device (no memory, any size)."""
     if name == MINI_PRESET:
@@ -240,15 +223,28 @@ def preset_parameters(name: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def set_torch_threads(threads: int | None) -> None:
-    """Pin torch's CPU threads. Several roles share few cores: oversubscribed OpenMP
-    threads busy-wait and were measured to slow a step 50x (FINDINGS)."""
-    if threads:
-        torch.set_num_threads(threads)
+def ensure_preset(name: str, root: str | Path) -> Path:
+    """The checkpoint directory of preset ``name`` under ``root``, built once.
+
+    Safe when many processes cold-start at once: one builds under an exclusive file lock, the
+    others wait for it and load what it built (and a build that died half-way left only a
+    private temporary folder, never a half-written checkpoint).
+    """
+    preset = get_preset(name)
+    path = preset_dir(root, preset)
+    if (path / SPEC_FILE).exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if we die
+        if not (path / SPEC_FILE).exists():
+            build_preset(preset, path)
+    return path
 
 
 def build_preset(preset: Preset, path: Path) -> None:
-    """Build a preset with seeded random weights and save it as an HF checkpoint."""
+    """Build a preset with seeded random weights and save it as an HF checkpoint (into a private
+    temporary folder, renamed into place only if nobody else's build is already there)."""
     tokens = SpecialTokens()
     config = hf_config(preset, tokens)
     family_cls = family_for(preset.family)
@@ -256,8 +252,8 @@ def build_preset(preset: Preset, path: Path) -> None:
     model = AutoModelForImageTextToText.from_config(config)
     tokenizer = build_tokenizer(preset.tokenizer_vocab, tokens)
     processor = family_cls.default_processor(preset.image_size, preset.vision)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     processor.save_pretrained(tmp)
@@ -265,6 +261,12 @@ def build_preset(preset: Preset, path: Path) -> None:
                         max_cameras=preset.max_cameras, token_buckets=preset.token_buckets,
                         preset=preset.name, tokens=tokens)
     (tmp / SPEC_FILE).write_text(json.dumps(asdict(spec), indent=2))
-    tmp.rename(path)  # a half-built preset is never picked up
+    try:
+        tmp.rename(path)  # a half-built preset is never picked up
+    except OSError:  # another builder got there first: theirs is identical (same seed)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (path / SPEC_FILE).exists():
+            raise
+        return
     log.info("backbone preset built", preset=preset.name, path=str(path),
              parameters=sum(p.numel() for p in model.parameters()))

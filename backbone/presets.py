@@ -18,7 +18,10 @@ real checkpoints take the same code path. Sizes (parameters, measured with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from transformers import (
@@ -178,3 +181,10 @@ def hf_config(preset: Preset, tokens: SpecialTokens = SpecialTokens()) -> Pretra
         return Idefics3Config(text_config=preset.text, vision_config=preset.vision,
                               image_token_id=tokens.image, scale_factor=2, pad_token_id=tokens.pad)
     raise ConfigError(f"preset {preset.name}: unknown family {preset.family!r}")
+
+
+def preset_dir(root: str | Path, preset: Preset) -> Path:
+    """Where a preset is built: the name plus a digest of its definition, so a changed
+    preset (or a different tokens layout) is built afresh instead of loading a stale one."""
+    definition = json.dumps([asdict(preset), asdict(SpecialTokens())], sort_keys=True, default=str)
+    return Path(root) / f"{preset.name}-{hashlib.sha256(definition.encode()).hexdigest()[:10]}"

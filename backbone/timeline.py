@@ -17,6 +17,14 @@ On disk (``forwards.json``, written by ``dump``, read by ``load``)::
      "dropped": <int>, "columns": ["queue", "start_s", "end_s", "tenants"],
      "forwards": [["inference", 0.0123, 0.0150, ["alice", "alice", "bob"]], ...]}
 
+Across processes (the device host is its own process; the demo that writes the
+report is another), the owner of the gate appends what is new to a JSON-lines file
+with ``export_jsonl``: one forward a line, times as Unix seconds,
+``["inference", 1764500000.0123, 1764500000.0150, ["alice", "bob"]]``; a file above
+``max_bytes`` is moved to ``<name>.1`` (the one before is dropped), so a service that
+runs for days keeps a bounded history. ``read_window`` collects the forwards of a
+time window from every such file of a directory (several device hosts, restarts).
+
 Pure compute bookkeeping: no Kafka, no torch.
 """
 
@@ -30,9 +38,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FORMAT", "ForwardLog", "ForwardRecord", "load_forwards"]
+__all__ = ["FORMAT", "JSONL_SUFFIX", "ForwardLog", "ForwardRecord", "load_forwards", "read_window"]
 
 FORMAT = "joynexus.forwards.v1"
+JSONL_SUFFIX = ".forwards.jsonl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +70,8 @@ class ForwardLog:
         self.origin_unix = time.time()
         self.records: deque[ForwardRecord] = deque(maxlen=maxlen)
         self.dropped = 0
+        self.added = 0  # records ever added
+        self._exported = 0  # records ever written by export_jsonl
 
     def now(self) -> float:
         """Seconds since the origin, on the log's clock."""
@@ -69,6 +80,7 @@ class ForwardLog:
     def add(self, queue: str, start_s: float, end_s: float, tenants: Sequence[str] = ()) -> None:
         if len(self.records) == self.records.maxlen:
             self.dropped += 1
+        self.added += 1
         self.records.append(ForwardRecord(queue, start_s, end_s, tuple(sys.intern(t) for t in tenants)))
 
     def since(self, start_s: float) -> list[ForwardRecord]:
@@ -88,6 +100,40 @@ class ForwardLog:
     def dump(self, path: Path, records: Iterable[ForwardRecord] | None = None) -> Path:
         path.write_text(json.dumps(self.to_json(records), separators=(",", ":")))
         return path
+
+
+    def export_jsonl(self, path: Path, max_bytes: int = 64 * 2**20) -> int:
+        """Appends the records added since the last export to ``path`` (Unix times); returns how many.
+        Records dropped from the bounded log before they were exported are skipped."""
+        new = min(self.added - self._exported, len(self.records))
+        self._exported = self.added
+        if new <= 0:
+            return 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > max_bytes:
+            path.replace(path.with_name(path.name + ".1"))
+        o = self.origin_unix
+        lines = [json.dumps([r.queue, round(o + r.start_s, 6), round(o + r.end_s, 6), list(r.tenants)],
+                            separators=(",", ":"))
+                 for r in list(self.records)[-new:]]
+        with path.open("a") as f:
+            f.write("\n".join(lines) + "\n")
+        return new
+
+
+def read_window(directory: Path, since_unix: float, until_unix: float | None = None) -> list[ForwardRecord]:
+    """Forwards that started in [since, until] in every exported file of ``directory``, with times
+    relative to ``since_unix``, in start order. A torn last line (a process killed mid-write) is skipped."""
+    out = []
+    for path in sorted(Path(directory).glob(f"*{JSONL_SUFFIX}*")):
+        for line in path.read_text().splitlines():
+            try:
+                queue, start, end, tenants = json.loads(line)
+            except (ValueError, TypeError):
+                continue
+            if start >= since_unix and (until_unix is None or start <= until_unix):
+                out.append(ForwardRecord(queue, start - since_unix, end - since_unix, tuple(tenants)))
+    return sorted(out, key=lambda r: r.start_s)
 
 
 def load_forwards(path: Path) -> list[ForwardRecord]:

@@ -98,7 +98,7 @@ async def _counts(settings: Settings, tenant: str) -> dict[str, int]:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from consumers.service import Service
     from infra.broker import LocalBroker
-    from infra.runtime.supervisor import Supervisor
+    from infra.runtime.host import RoleHost
     from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 
@@ -117,7 +117,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             await admin.ensure_tenant(spec["tenant"])
     service = await Service.open(settings)
     try:
-        async with Supervisor(service), Client(settings, requested_by="benchmark") as client:
+        roles = RoleHost(service.settings, service=service)  # every role in this process
+        async with roles, Client(settings, requested_by="benchmark") as client:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=console) as progress:
                 bar = progress.add_task("solo runs, one after another", total=len(solo))

@@ -189,8 +189,8 @@ def print_table(console: Console, result: dict[str, Any], title: str) -> None:
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from consumers.service import Service
     from infra.broker import LocalBroker
+    from infra.runtime.host import RoleHost
     from infra.runtime.report import COMPARISON_FORMAT, write_report
-    from infra.runtime.supervisor import Supervisor
     from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 
@@ -215,7 +215,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     service = await Service.open(settings)
     try:
-        async with Supervisor(service), Client(settings, requested_by="benchmark") as client:
+        roles = RoleHost(service.settings, service=service)  # every role in this process
+        async with roles, Client(settings, requested_by="benchmark") as client:
             device = InProcessDevice(service)
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=console) as progress:

@@ -5,16 +5,21 @@ poll takes up to ``train_max_batch_jobs`` jobs of any tenants, splits them
 into rows, groups the rows by bucket (same camera count and padded length),
 runs ONE forward per bucket on the device gate's training queue (inference
 goes first), and puts each job's rows back together as that tenant's
-FeatureBatch: features plus the targets its loss needs, passed through. All
-feature batches, the usage records and the input offsets commit in ONE
-transaction, so a crash re-runs the poll and no feature batch appears twice.
+FeatureBatch: features plus the targets its loss needs, passed through.
+
+Commits: one forward spans partitions, but each input partition commits its
+own outputs (feature batches, usage, dead letters) and its offset in its OWN
+transaction, with the transactional id ``backbone-train-<topic>-<partition>``
+(as the TransformWorker does). So several instances share the work, a
+partition can move between them, and whoever takes a partition over starts a
+producer with that id, which fences the previous owner: a paused instance that
+wakes after its partitions moved cannot publish. A crash between two
+partitions' commits re-runs the uncommitted ones; features are a deterministic
+function of the job, so the re-run publishes the same bytes.
 
 Usage: each forward's device-seconds are split between tenants by their
-share of its rows, published as ``UsageRecorded`` on ``nexus.usage``.
-
-The transactional id is ``backbone-train-<instance>``: one id per instance,
-not per input partition, because a group mixes partitions. Two instances
-with the same id fence each other; give each instance its own id.
+share of its rows, published as ``UsageRecorded`` on ``nexus.usage`` with an
+id made of the input partition and offsets (a re-run cannot count twice).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
@@ -32,12 +38,13 @@ from backbone.grouped import forward_grouped_on
 from backbone.inputs import Prepared
 from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.loop import make_consumer
+from consumers.bus.protocols import Workload
+from consumers.bus.transform import transactional_id
 from consumers.convert import feature_tensors, gradient_job_requests
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
 from infra.topics import shared_topic, tenant_stream_pattern, tenant_topic
-from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -56,6 +63,17 @@ class _Job:
     features: list[VLAFeature | None] = field(default_factory=list)
 
 
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, role: BackboneTrainRole):
+        self.role = role
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        self.role._revoked |= set(revoked)  # their producers are closed between polls
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self.role._revoked -= set(assigned)
+
+
 class BackboneTrainRole:
     def __init__(self, service: Service, instance: str = "0"):
         self.service = service
@@ -63,116 +81,122 @@ class BackboneTrainRole:
         self.instance = instance
         self.codec = Codec()
         self.consumer = make_consumer(
-            settings, GROUP, pattern=tenant_stream_pattern(settings, "gradient-jobs")
+            settings, GROUP, pattern=tenant_stream_pattern(settings, "gradient-jobs"),
+            listener=_Listener(self),
         )
-        self.producer = EventProducer(
-            settings, self.codec, transactional_id=f"{GROUP}-{instance}", client_id=f"{GROUP}-{instance}"
-        )
-        self.plain = EventProducer(settings, self.codec, client_id=f"{GROUP}-{instance}-health")
-        self.heartbeat = Heartbeater(settings, self.plain, GROUP, instance, details=self._health)
+        self._producers: dict[TopicPartition, EventProducer] = {}
+        self._revoked: set[TopicPartition] = set()
         self.groups = 0
         self.rows = 0
         self.jobs = 0
+        self.committed = 0
+        self.aborted = 0
 
-    def _health(self) -> dict[str, str]:
-        return {"groups": str(self.groups), "rows": str(self.rows), "jobs": str(self.jobs)}
+    def workload(self) -> Workload:
+        return Workload((self.consumer,), done=self.jobs,
+                        details={"forwards": self.groups, "mean_group_rows": round(self.mean_group_rows, 2),
+                                 "commits": self.committed, "aborts": self.aborted})
 
     @property
     def mean_group_rows(self) -> float:
         return self.rows / self.groups if self.groups else 0.0
 
     async def start(self) -> None:
-        await self.producer.start()
-        await self.plain.start()
         await self.consumer.start()
 
     async def stop(self) -> None:
         await self.consumer.stop()
-        await self.plain.stop()
-        await self.producer.stop()
+        for tp in list(self._producers):
+            await self._close_producer(tp)
 
     async def run(self, stop: asyncio.Event) -> None:
-        beats = asyncio.create_task(self.heartbeat.run(stop), name="backbone-train-heartbeat")
-        try:
-            while not stop.is_set():
-                batches = await self.consumer.getmany(
-                    timeout_ms=200, max_records=self.settings.train_max_batch_jobs
-                )
-                records = [r for rs in batches.values() for r in rs]
-                if records:
-                    await self._poll(records)
-        finally:
-            stop.set()
-            await beats
+        while not stop.is_set():
+            for tp in [tp for tp in self._producers if tp in self._revoked]:
+                await self._close_producer(tp)
+            limit = self.settings.train_max_batch_jobs
+            batches = await self.consumer.getmany(timeout_ms=200, max_records=limit)
+            if batches:
+                await self._poll(batches)
 
-    async def _poll(self, records: list[ConsumerRecord]) -> None:
-        try:
-            async with self.producer.transaction():
-                await self._process(records)
-                offsets: dict[TopicPartition, int] = {}
-                for r in records:
-                    tp = TopicPartition(r.topic, r.partition)
-                    offsets[tp] = max(offsets.get(tp, 0), r.offset + 1)
-                await self.producer.send_offsets_to_transaction(offsets, GROUP)
-        except KafkaError as exc:
-            log.warning(
-                "transaction aborted; rewinding", error_class=type(exc).__name__, error=str(exc)[:300]
-            )
-            for tp in {TopicPartition(r.topic, r.partition) for r in records}:
-                committed = await self.consumer.committed(tp)
-                if committed is None:
-                    await self.consumer.seek_to_beginning(tp)
-                else:
-                    self.consumer.seek(tp, committed)
+    async def _producer_for(self, tp: TopicPartition) -> EventProducer:
+        if tp not in self._producers:
+            producer = EventProducer(self.settings, self.codec, transactional_id=transactional_id(GROUP, tp),
+                                     client_id=f"{GROUP}-{self.instance}-{tp.topic}-{tp.partition}")
+            await producer.start()  # fences whoever held this partition before
+            self._producers[tp] = producer
+        return self._producers[tp]
 
-    async def _process(self, records: list[ConsumerRecord]) -> None:
-        jobs: list[_Job] = []
-        for record in records:
-            job = await self._decode(record)
-            if job is not None:
-                jobs.append(job)
-        if not jobs:
-            return
-        usage = await self._forward(jobs)
+    async def _close_producer(self, tp: TopicPartition) -> None:
+        producer = self._producers.pop(tp, None)
+        if producer is not None:
+            try:
+                await producer.stop()
+            except KafkaError as exc:  # a fenced producer may complain on close
+                log.warning("closing producer failed", error=str(exc)[:200])
+
+    async def _poll(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        """Decode every partition's jobs, run the forwards for all of them at once, then commit
+        each partition in its own transaction."""
+        decoded = {tp: [await self._decode(r) for r in records] for tp, records in batches.items()}
+        jobs = [job for items in decoded.values() for job in items if isinstance(job, _Job)]
+        usage = await self._forward(jobs) if jobs else {}
         tenants = len({job.event.tenant_id for job in jobs})
-        for job in jobs:
-            await self._publish(job, tenants)
-        await self._publish_usage(usage)
+        for tp, records in batches.items():
+            await self._commit_partition(tp, records, decoded[tp], usage, tenants)
 
-    async def _decode(self, record: ConsumerRecord) -> _Job | None:
+    async def _commit_partition(self, tp: TopicPartition, records: list[ConsumerRecord],
+                                items: list[_Job | Exception], usage: dict[str, float], tenants: int) -> None:
+        try:
+            producer = await self._producer_for(tp)
+            async with producer.transaction():
+                for record, item in zip(records, items, strict=True):
+                    if isinstance(item, _Job):
+                        await self._publish(producer, item, tenants)
+                    elif item is not None:
+                        await publish_dead_letter(producer, self.settings.dlq_topic, record, item,
+                                                  stage="process", attempts=1, group_id=GROUP,
+                                                  in_transaction=True)
+                await self._publish_usage(producer, tp, records, items, usage)
+                await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, GROUP)
+        except KafkaError as exc:
+            self.aborted += 1
+            log.warning("transaction aborted; rewinding", topic=tp.topic, partition=tp.partition,
+                        error_class=type(exc).__name__, error=str(exc)[:300])
+            await self._close_producer(tp)  # a fenced or broken producer is not reused
+            await self._rewind(tp)
+            return
+        self.committed += 1
+
+    async def _rewind(self, tp: TopicPartition) -> None:
+        if tp not in self.consumer.assignment():
+            return  # moved to another instance: it starts from the committed offset
+        try:
+            committed = await self.consumer.committed(tp)
+        except KafkaError as exc:
+            log.warning("cannot read committed offset; the next rebalance rewinds", error=str(exc)[:200])
+            return
+        if committed is None:
+            await self.consumer.seek_to_beginning(tp)
+        else:
+            self.consumer.seek(tp, committed)
+
+    async def _decode(self, record: ConsumerRecord) -> _Job | Exception | None:
+        """The record as a job ready for the forward; None to skip it (its job is stopped); the
+        error when it cannot be processed (it goes to the DLQ in its partition's transaction)."""
         try:
             event = self.codec.decode(record.value)
             if not isinstance(event, ev.GradientJob):
                 raise JoynexusError(f"expected a GradientJob, got {type(event).__name__}")
             if self.service.book.stopped(event.tenant_id, event.job_id):
-                log.info(
-                    "gradient job of a stopped job skipped",
-                    tenant=event.tenant_id,
-                    job=event.job_id,
-                    batch=event.batch_id,
-                )
+                log.info("gradient job of a stopped job skipped", tenant=event.tenant_id, job=event.job_id,
+                         batch=event.batch_id)
                 return None
             requests = gradient_job_requests(event)
             prepared = await asyncio.to_thread(lambda: [self.service.backbone.prepare(r) for r in requests])
         except (JoynexusError, ValueError) as exc:
-            await publish_dead_letter(
-                self.producer,
-                self.settings.dlq_topic,
-                record,
-                exc,
-                stage="process",
-                attempts=1,
-                group_id=GROUP,
-                in_transaction=True,
-            )
-            log.error(
-                "gradient job dead-lettered",
-                topic=record.topic,
-                offset=record.offset,
-                error_class=type(exc).__name__,
-                error=str(exc)[:300],
-            )
-            return None
+            log.error("gradient job dead-lettered", topic=record.topic, offset=record.offset,
+                      error_class=type(exc).__name__, error=str(exc)[:300])
+            return exc
         return _Job(record, event, prepared, [None] * len(prepared))
 
     async def _forward(self, jobs: list[_Job]) -> dict[str, float]:
@@ -192,7 +216,7 @@ class BackboneTrainRole:
         self.jobs += len(jobs)
         return usage
 
-    async def _publish(self, job: _Job, tenants: int) -> None:
+    async def _publish(self, producer: EventProducer, job: _Job, tenants: int) -> None:
         event = job.event
         feature = VLAFeature.cat(job.features)
         batch = ev.FeatureBatch(
@@ -215,22 +239,25 @@ class BackboneTrainRole:
             final=event.final,
             metrics=event.metrics,
         )
-        await self.producer.enqueue(
-            tenant_topic(self.settings, event.tenant_id, "features"), batch, key=event.tenant_id
-        )
+        topic = tenant_topic(self.settings, event.tenant_id, "features")
+        await producer.enqueue(topic, batch, key=event.tenant_id)
 
-    async def _publish_usage(self, usage: dict[str, float]) -> None:
+    async def _publish_usage(self, producer: EventProducer, tp: TopicPartition,
+                             records: list[ConsumerRecord], items: list, usage: dict[str, float]) -> None:
+        """This partition's tenants' share of the poll's forwards (a gradient-jobs partition is one
+        tenant's, so this is that tenant's device time for these records)."""
         now = datetime.now(UTC)
-        for tenant, seconds in sorted(usage.items()):
-            await self.producer.enqueue(
+        tenants = sorted({item.event.tenant_id for item in items if isinstance(item, _Job)})
+        for tenant in tenants:
+            await producer.enqueue(
                 shared_topic(self.settings, "usage"),
                 ev.UsageRecorded(
                     envelope=ev.Envelope(tenant_id=tenant, producer_id=f"{GROUP}/{self.instance}"),
-                    usage_id=f"{GROUP}/{self.instance}/{now.timestamp():.6f}/{tenant}",
+                    usage_id=f"{GROUP}/{tp.topic}/{tp.partition}/{records[0].offset}-{records[-1].offset}",
                     role=GROUP,
                     resource="backbone",
                     device=str(self.service.backbone.device),
-                    seconds=seconds,
+                    seconds=usage.get(tenant, 0.0),
                     window_start=now,
                     window_end=now,
                     group_size=len(usage),

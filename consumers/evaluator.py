@@ -18,6 +18,7 @@ import numpy as np
 from backbone.grouped import forward_grouped_on
 from consumers.bus.episodes import Episode, RolloutReader
 from consumers.bus.loop import make_consumer
+from consumers.bus.protocols import Workload
 from consumers.service import Service
 from infra.errors import JoynexusError
 from infra.logging import get_logger
@@ -56,6 +57,10 @@ class EvaluatorRole:
         self.producer = EventProducer(settings, self.codec, client_id="evaluator")
         self.completed = 0
         self._scoring: dict[tuple[str, str], asyncio.Task] = {}
+
+    def workload(self) -> Workload:
+        return Workload((self.reader.consumer,), done=self.reader.read,
+                        details={"sessions": len(self.collector.sessions())})
 
     async def start(self) -> None:
         await self.producer.start()

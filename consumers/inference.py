@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -28,14 +29,15 @@ import torch
 from aiokafka.structs import ConsumerRecord
 
 from backbone.batcher import BatcherConfig, GroupBatcher
+from backbone.timeline import JSONL_SUFFIX
 from consumers.bus.loop import bind_record, make_consumer
+from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
 from consumers.service import Service
 from infra.errors import JoynexusError, SchemaError
 from infra.follow import TopicFollower
 from infra.logging import get_logger
 from infra.topics import tenant_stream_pattern, tenant_topic
-from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -47,6 +49,7 @@ __all__ = ["InferenceRole", "action_generator"]
 
 log = get_logger("consumers.inference")
 GROUP = "inference"
+TIMELINE_EXPORT_S = 2.0  # how often the device timeline is appended to its file (run reports read it)
 
 
 def action_generator(action_seed: int, episode_seed: int | str, step: int) -> torch.Generator:
@@ -66,6 +69,7 @@ class InferenceRole:
         self.service = service
         settings = self.settings = service.settings
         self.instance = instance
+        self._next_export = 0.0
         self.codec = Codec()
         self.consumer = make_consumer(
             settings, GROUP, pattern=tenant_stream_pattern(settings, "observations")
@@ -100,7 +104,6 @@ class InferenceRole:
         self._policies: OrderedDict[tuple[str, int], TenantSlot] = OrderedDict()
         self._loading: dict[tuple[str, int], asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
-        self.heartbeat = Heartbeater(settings, self.producer, "inference", instance, details=self._health)
         self.answered = 0
 
     def _on_session(self, event: ev.Event, record: ConsumerRecord) -> None:
@@ -114,12 +117,19 @@ class InferenceRole:
             self.latest[event.tenant_id] = event.version
             log.info("policy hot-swapped", tenant=event.tenant_id, version=event.version, job=event.job_id)
 
-    def _health(self) -> dict[str, str]:
-        return {
-            "answered": str(self.answered),
-            "policies_loaded": str(len(self._policies)),
-            "pending": str(self.batcher.pending()),
-        }
+    def workload(self) -> Workload:
+        groups, gate = self.batcher.records, self.service.gate
+        n = max(len(groups), 1)
+        return Workload(
+            (self.consumer,), done=self.answered, waiting=len(self._tasks),
+            details={"policies_loaded": len(self._policies), "groups": len(groups),
+                     "mean_group_size": round(sum(g.size for g in groups) / n, 3),
+                     "mean_group_tenants": round(sum(len(set(g.tenants)) for g in groups) / n, 3),
+                     # the device gate of this process: inference and training share it
+                     "busy_inference_s": round(gate.busy_s["inference"], 3),
+                     "busy_train_s": round(gate.busy_s["train"], 3),
+                     "gate_wall_s": round(time.monotonic() - gate.started, 3)},
+        )
 
     async def start(self) -> None:
         for follower in self._followers:
@@ -129,6 +139,7 @@ class InferenceRole:
         await self.consumer.start()
 
     async def stop(self) -> None:
+        self._export_timeline()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -138,21 +149,28 @@ class InferenceRole:
         for follower in self._followers:
             await follower.stop()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        beats = asyncio.create_task(self.heartbeat.run(stop), name="inference-heartbeat")
+    def _export_timeline(self) -> None:
+        """The device gate's new forwards into this instance's timeline file, where a run report in
+        another process finds them (``backbone/timeline.py``; this role already reports the gate)."""
+        self._next_export = time.monotonic() + TIMELINE_EXPORT_S
         try:
-            while not stop.is_set():
-                batches = await self.consumer.getmany(timeout_ms=100)
-                for records in batches.values():
-                    for record in records:
-                        task = asyncio.create_task(self._answer(record))
-                        self._tasks.add(task)
-                        task.add_done_callback(self._tasks.discard)
-                if batches:
-                    await self._commit()
-        finally:
-            stop.set()
-            await beats
+            self.service.gate.timeline.export_jsonl(
+                self.settings.timeline_dir / f"{self.instance}{JSONL_SUFFIX}")
+        except OSError as exc:  # the report loses a stretch of timeline; the service loses nothing
+            log.warning("timeline export failed", error=str(exc)[:200])
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            if time.monotonic() >= self._next_export:
+                self._export_timeline()
+            batches = await self.consumer.getmany(timeout_ms=100)
+            for records in batches.values():
+                for record in records:
+                    task = asyncio.create_task(self._answer(record))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+            if batches:
+                await self._commit()
 
     async def _commit(self) -> None:
         try:

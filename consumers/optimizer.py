@@ -33,6 +33,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from consumers.bus.loop import bind_record, make_consumer
+from consumers.bus.protocols import Workload
 from consumers.convert import targets_of, to_feature
 from consumers.service import Service
 from infra.errors import JoynexusError
@@ -101,6 +102,7 @@ class TenantOptimizer:
         )
         self.run_: _JobRun | None = None
         self.log = log.bind(tenant=tenant)
+        self.applied = 0  # feature batches trained on: the worker's progress
 
     async def start(self) -> None:
         await self.producer.start()  # fences a predecessor that is still around
@@ -151,6 +153,7 @@ class TenantOptimizer:
             return
         run.last_sequence = batch.sequence
         run.add(metrics)
+        self.applied += 1
         limit = run.spec.limits.max_steps
         final = batch.final or (limit is not None and run.steps >= limit)
         if batch.publish or final:
@@ -175,7 +178,7 @@ class TenantOptimizer:
         ]
         version = ours[-1].version if ours else start_version
         slot = await asyncio.to_thread(
-            lambda: self.service.store.restore(self.tenant, version).mount(self.service.backbone.device)
+            lambda: self.service.store.restore(self.tenant, version).mount(self.service.info.device)
         )
         last_sequence = ours[-1].source_offsets["sequence"] if ours else -1
         self.log.info(
@@ -316,6 +319,11 @@ class OptimizerHost:
     def _on_tenant(self, event: ev.Event, record: ConsumerRecord) -> None:
         if isinstance(event, ev.TenantRegistered) and event.tenant_id:
             (self.tenants.add if event.active else self.tenants.discard)(event.tenant_id)
+
+    def workload(self) -> Workload:
+        live = list(self.live.values())
+        return Workload(tuple(w.consumer for w in live), done=sum(w.applied for w in live),
+                        details={"tenants": len(live)})
 
     async def start(self) -> None:
         await self.follower.start()

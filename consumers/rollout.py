@@ -31,6 +31,7 @@ from aiokafka.structs import ConsumerRecord
 
 from consumers.bus.episodes import Episode, RolloutReader
 from consumers.bus.loop import make_consumer
+from consumers.bus.protocols import Workload
 from consumers.master import plan
 from consumers.service import Service
 from infra.follow import TopicFollower
@@ -152,6 +153,10 @@ class RolloutRole:
         if isinstance(event, ev.PolicyVersionPublished) and event.tenant_id:
             self.published[(event.tenant_id, event.job_id)] = event
             self.latest[event.tenant_id] = max(self.latest.get(event.tenant_id, 0), event.version)
+
+    def workload(self) -> Workload:
+        return Workload((self.reader.consumer,), done=self.reader.read,
+                        details={"sessions": len(self.collector.sessions())})
 
     async def start(self) -> None:
         await self.versions.start()

@@ -1,24 +1,35 @@
-"""What the roles of one process share: the resident backbone, its device gate, the policy store
-and the job book. ``joynexus up`` builds one and hands it to every role; ``joynexus run ROLE``
-builds one for its single role."""
+"""What the roles of one process share: the backbone (resident, or only described), its device
+gate, the policy store, the tensor store and the job book.
+
+A device host (inference + backbone-train) and the evaluator run forwards, so they load the
+backbone; the master and the optimizer hosts only need its id, width and device
+(``BackboneInfo``), so a process that hosts only them never loads the weights: on a GPU that
+would be a second copy of the backbone per process.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from backbone.gate import DeviceGate
-from backbone.model import Backbone, set_torch_threads
+from backbone.info import BackboneInfo, describe, set_torch_threads
 from infra.jobbook import JobBook
 from infra.settings import Settings
 from infra.tensor_store import TensorStore
 from tenants.policy_store import PolicyStore
 
-__all__ = ["Service", "load_backbone"]
+if TYPE_CHECKING:
+    from backbone.model import Backbone
+
+__all__ = ["Service", "describe_backbone", "load_backbone"]
 
 
 def load_backbone(settings: Settings) -> Backbone:
     """The backbone ``settings.backbone`` names: a local HF checkpoint dir or a preset."""
+    from backbone.model import Backbone  # transformers and its image stack: only where forwards run
+
     set_torch_threads(settings.torch_threads)
     path = Path(settings.backbone).expanduser()
     if path.is_dir():
@@ -26,22 +37,37 @@ def load_backbone(settings: Settings) -> Backbone:
     return Backbone.from_preset(settings.backbone, settings.model_dir, settings.device, settings.dtype)
 
 
+def describe_backbone(settings: Settings) -> BackboneInfo:
+    set_torch_threads(settings.torch_threads)
+    return describe(settings.backbone, settings.model_dir, settings.device)
+
+
 @dataclass
 class Service:
     settings: Settings
-    backbone: Backbone
+    info: BackboneInfo
     store: PolicyStore
     book: JobBook
     tensors: TensorStore
+    resident: Backbone | None = None
     gate: DeviceGate = field(default_factory=DeviceGate)
 
+    @property
+    def backbone(self) -> Backbone:
+        if self.resident is None:
+            raise RuntimeError("this process did not load the backbone (Service.open(load=False))")
+        return self.resident
+
     @classmethod
-    async def open(cls, settings: Settings, backbone: Backbone | None = None) -> Service:
+    async def open(cls, settings: Settings, backbone: Backbone | None = None, *,
+                   load: bool = True) -> Service:
         book = JobBook(settings)
         await book.start()
         tensors = TensorStore(settings.tensor_dir, settings.tensor_inline_max_bytes)
-        backbone = backbone or load_backbone(settings)
-        return cls(settings, backbone, PolicyStore(settings.policy_dir), book, tensors)
+        if backbone is None and load:
+            backbone = load_backbone(settings)
+        info = backbone.info if backbone is not None else describe_backbone(settings)
+        return cls(settings, info, PolicyStore(settings.policy_dir), book, tensors, backbone)
 
     async def close(self) -> None:
         await self.book.stop()

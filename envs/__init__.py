@@ -13,7 +13,7 @@ actions and observations, episode limit, errors as ``SimulatorError``);
   ``LiftPegUpright-v1`` (PhysX CPU; SAPIEN needs a Vulkan device: ``vulkan_available()``)
 
 ``IsolatedSimulator`` runs any of them in a child process, so a crash or a hang
-costs only that process.
+costs only that process; ``open_simulator(env_id, isolation="auto")`` picks it for ManiSkill.
 """
 
 from envs.base import (
@@ -28,7 +28,7 @@ from envs.base import (
 )
 from envs.guard import GuardedSimulator
 from envs.isolated import IsolatedSimulator
-from envs.registry import ENVS, env_ids, make_expert, make_simulator
+from envs.registry import ENVS, env_ids, family_of, make_expert, make_simulator, open_simulator
 from envs.vulkan import vulkan_available, vulkan_status
 
 __all__ = [
@@ -44,8 +44,10 @@ __all__ = [
     "Simulator",
     "SimulatorError",
     "env_ids",
+    "family_of",
     "make_expert",
     "make_simulator",
+    "open_simulator",
     "vulkan_available",
     "vulkan_status",
 ]

@@ -102,6 +102,25 @@ def env_ids(family: str | None = None) -> list[str]:
     return sorted(k for k, entry in ENVS.items() if family is None or entry.family == family)
 
 
+def family_of(env_id: str) -> str:
+    """builtin, gymnasium, maniskill or test (ConfigError for an unknown id)."""
+    return _entry(env_id)[1].family
+
+
+def open_simulator(env_id: str, isolation: str = "auto", **make_kwargs: Any) -> Simulator:
+    """``make_simulator`` in this process (``"thread"``) or in a child process (``"process"``:
+    ``IsolatedSimulator``, so a segfault, a hang or a native call that holds the GIL for seconds
+    costs the child only). ``"auto"`` isolates ManiSkill, whose SAPIEN start-up held a process's
+    GIL long enough to stop its Kafka and health heartbeats, and runs the others in-process."""
+    if isolation == "auto":
+        isolation = "process" if family_of(env_id) == "maniskill" else "thread"
+    if isolation == "process":
+        from envs.isolated import IsolatedSimulator
+
+        return IsolatedSimulator(env_id, **make_kwargs)
+    return make_simulator(env_id, **make_kwargs)
+
+
 def _entry(env_id: str) -> tuple[str, EnvEntry, dict[str, str]]:
     base, query = split_env_id(env_id)
     if base not in ENVS:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -29,13 +29,17 @@ __all__ = ["TopicFollower"]
 log = get_logger("infra.follow")
 
 Apply = Callable[[Event, ConsumerRecord], None]
+Seek = Callable[[AIOKafkaConsumer, list[TopicPartition]], Awaitable[None]]
 
 
 class TopicFollower:
     def __init__(self, settings: Settings, pattern: str, apply: Apply, *, name: str,
-                 codec: Codec | None = None):
+                 codec: Codec | None = None, seek: Seek | None = None):
+        """``seek``: instead of the whole topics of ``pattern``, read the ONE topic named
+        ``pattern`` from where ``seek(consumer, partitions)`` puts each partition."""
         self.settings = settings
         self.pattern = pattern
+        self.seek = seek
         self.apply = apply
         self.name = name
         self.codec = codec or Codec()
@@ -49,7 +53,20 @@ class TopicFollower:
 
     async def start(self) -> None:
         await self.consumer.start()
-        self.consumer.subscribe(pattern=self.pattern)
+        try:
+            if self.seek is None:
+                self.consumer.subscribe(pattern=self.pattern)
+            else:
+                from infra.topics import TopicAdmin
+
+                async with TopicAdmin(self.settings) as admin:  # TopicError if it does not exist
+                    count = await admin.partitions(self.pattern)
+                partitions = [TopicPartition(self.pattern, p) for p in range(count)]
+                self.consumer.assign(partitions)
+                await self.seek(self.consumer, partitions)
+        except BaseException:
+            await self.consumer.stop()
+            raise
         self._task = asyncio.create_task(self._run(), name=f"follow-{self.name}")
 
     async def stop(self) -> None:

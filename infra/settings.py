@@ -6,6 +6,7 @@ Every field can be set from the environment with the ``JOYNEXUS_`` prefix
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -50,8 +51,12 @@ class Settings(BaseSettings):
     # Handlers run CPU work in a thread (see consumers.bus.loop), so the poll interval
     # only needs to cover one batch of slow handlers, not the event loop's stalls.
     max_poll_interval_ms: int = 300_000
-    session_timeout_ms: int = 30_000
-    heartbeat_interval_ms: int = 3_000
+    # aiokafka has no static membership: a killed member's partitions move only when its
+    # session expires. 8 s (the broker's minimum is 6 s) lets a killed role's work resume
+    # within about 10 s; handlers never block the loop (they run in threads), so the group
+    # heartbeats keep up.
+    session_timeout_ms: int = 8_000
+    heartbeat_interval_ms: int = 1_500
     max_poll_records: int = 200
 
     # --- topics
@@ -79,10 +84,11 @@ class Settings(BaseSettings):
         "the cores, and oversubscribed OpenMP threads busy-wait (measured 50x slower steps).")
 
     # --- env role
-    env_isolation: Literal["thread", "process"] = Field(
-        "thread", description="thread: simulators step in the env worker's process (fast; a hung "
+    env_isolation: Literal["auto", "thread", "process"] = Field(
+        "auto", description="thread: simulators step in the env worker's process (fast; a hung "
         "native call can only be abandoned). process: each session's simulator in a child process "
-        "(a segfault or hang costs that process only).")
+        "(a segfault, a hang or a GIL-holding native call costs that process only). auto: process "
+        "for ManiSkill (SAPIEN's start-up held the GIL long enough to stop heartbeats), thread else.")
 
     # --- service roles
     inference_target_batch: int = Field(8, ge=1, description="Inference groups flush at B requests...")
@@ -92,6 +98,24 @@ class Settings(BaseSettings):
     tensor_inline_max_bytes: int = Field(
         256 * 1024, ge=0, description="Feature tensors above this size travel by reference (tensor store).")
 
+    # --- health and supervision (`joynexus up`, the health role)
+    heartbeat_s: float = Field(2.0, gt=0, description="Every role instance heartbeats this often.")
+    health_timeout_s: float = Field(
+        8.0, gt=0, description="An instance whose heartbeats stop this long is declared DEAD.")
+    stall_timeout_s: float = Field(
+        60.0, gt=0, description="An instance that heartbeats but makes no progress this long while work "
+        "waits (consumer lag or work held) is declared HUNG. Longer than the slowest legitimate step.")
+    restart_backoff_s: float = Field(1.0, ge=0, description="First restart delay; doubles per quick restart.")
+    restart_backoff_max_s: float = Field(30.0, ge=0, description="Ceiling of the restart delay.")
+    stable_after_s: float = Field(
+        60.0, gt=0, description="An instance that ran this long without dying resets its back-off.")
+    env_min: int = Field(1, ge=0, description="Fewest env workers the supervisor keeps on this machine.")
+    env_max: int = Field(3, ge=1, description="Most env workers it scales up to (more than the "
+                         "partitions of a sessions topic never helps).")
+    env_sessions_per_worker: int = Field(
+        4, ge=1, description="Scale env workers so that each hosts about this many running sessions.")
+    stop_grace_s: float = Field(15.0, gt=0, description="SIGTERM to SIGKILL, when stopping processes.")
+
     # --- logging
     log_level: str = "INFO"
     log_format: Literal["json", "console"] = "json"
@@ -100,6 +124,15 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    def as_env(self) -> dict[str, str]:
+        """These settings as ``JOYNEXUS_*`` variables, so that a child process (``joynexus up``
+        starts one per role instance) runs with exactly the settings of its parent."""
+        env = {}
+        for name, value in self.model_dump(mode="json").items():
+            if value is not None:
+                env[f"JOYNEXUS_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+        return env
 
     @property
     def bootstrap(self) -> str:
@@ -119,6 +152,11 @@ class Settings(BaseSettings):
     def tensor_dir(self) -> Path:
         """The shared tensor store of large feature tensors (infra/tensor_store.py)."""
         return self.home / "tensors"
+
+    @property
+    def timeline_dir(self) -> Path:
+        """Where device hosts append their forward timelines (backbone/timeline.py) for run reports."""
+        return self.home / "timelines"
 
     @property
     def run_dir(self) -> Path:

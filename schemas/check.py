@@ -82,6 +82,8 @@ def drift(cls: type[AvroRecord], schema: dict) -> list[str]:
             problems.append(f"{where}: annotation {got!r} != schema type {want!r}")
         info = cls.model_fields[name]
         default = None if info.is_required() else info.get_default(call_default_factory=True)
+        if isinstance(default, tuple):  # arrays are tuples in the classes, lists in JSON
+            default = list(default)
         if "default" in field and not info.is_required() and default != field["default"]:
             problems.append(f"{where}: default {default!r} != schema {field['default']!r}")
         if "default" in field and field["default"] is not None and info.is_required():

@@ -31,6 +31,8 @@ __all__ = [
     "FieldError",
     "GradientJob",
     "Heartbeat",
+    "InstanceRestarted",
+    "InstanceVerdict",
     "JobAccepted",
     "JobCancelled",
     "JobCompleted",
@@ -280,6 +282,35 @@ class Heartbeat(Event):
     status: RoleStatus
     sequence: int
     details: dict[str, str] = Field(default_factory=dict)
+    partitions: tuple[str, ...] = ()
+    lag: int = -1
+    pending: int = 0
+    progress_at: TimestampMillis | None = None
+    restarts: int = 0
+
+
+class InstanceVerdict(Event):
+    __avro_name__ = f"{NAMESPACE}.InstanceVerdict"
+    role: str
+    instance_id: str
+    host: str
+    pid: int
+    verdict: str
+    reason: str
+    last_heartbeat_at: TimestampMillis
+    progress_at: TimestampMillis | None = None
+
+
+class InstanceRestarted(Event):
+    __avro_name__ = f"{NAMESPACE}.InstanceRestarted"
+    role: str
+    instance_id: str
+    host: str
+    new_pid: int
+    cause: str
+    restarts: int
+    backoff_s: float
+    old_pid: int | None = None
 
 
 class UsageRecorded(Event):
@@ -353,7 +384,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         JobSubmitted, JobAccepted, JobRejected, JobProgress, JobCompleted, JobFailed,
         JobCancelled, Observation, Action, RolloutRecord, GradientJob, FeatureBatch,
         PolicyVersionPublished, Heartbeat, UsageRecorded, TenantRegistered, EnvSessionRequested,
-        EnvSessionClosed, EnvSessionProgress, EnvSessionRestarted,
+        EnvSessionClosed, EnvSessionProgress, EnvSessionRestarted, InstanceVerdict, InstanceRestarted,
     )
 }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.service import Service
-from infra.runtime.supervisor import Supervisor
+from infra.runtime.host import RoleHost
 from infra.settings import Settings
 from infra.topics import TopicAdmin, tenant_topic
 from producers.client.sdk import Client, JobHandle
@@ -30,7 +30,7 @@ class Stack:
 
     settings: Settings
     service: Service
-    supervisor: Supervisor
+    supervisor: RoleHost
     client: Client
 
     @property

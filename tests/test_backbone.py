@@ -25,10 +25,34 @@ def test_tiny_presets_are_small_frozen_and_in_eval(backbones: dict[str, Backbone
         assert not backbone.model.training, name
 
 
+def test_concurrent_cold_starts_build_a_preset_once(tmp_path: Path, backbones: dict[str, Backbone]) -> None:
+    # Processes starting at once on a fresh home all ask for the same preset: one builds it under a
+    # lock, the others wait and load it; nobody crashes on a half-built folder.
+    import subprocess
+    import sys
+
+    code = ("import sys; from backbone.model import Backbone; "
+            "print(Backbone.from_preset('tiny', sys.argv[1]).backbone_id)")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-500:] for _, err in outs]
+    ids = {out.strip().splitlines()[-1] for out, _ in outs}
+    assert ids == {backbones["tiny"].backbone_id}  # same seed, same files, same id
+    folders = [d for d in tmp_path.iterdir() if d.is_dir()]
+    assert len(folders) == 1 and not folders[0].name.startswith(".")  # no temporary folder left
+
+
+def test_describe_matches_the_loaded_backbone(model_root: Path, backbones: dict[str, Backbone]) -> None:
+    from backbone.info import describe
+
+    for name, backbone in backbones.items():  # every family's config nests its width its own way
+        assert describe(name, model_root, "cpu") == backbone.info, name
+
+
 def test_preset_round_trips_through_save_pretrained(model_root: Path,
                                                     backbones: dict[str, Backbone]) -> None:
-    from backbone.model import preset_dir
-    from backbone.presets import get_preset
+    from backbone.presets import get_preset, preset_dir
 
     again = Backbone.load(preset_dir(model_root, get_preset("tiny")))  # as any HF checkpoint
     assert again.weights_digest() == backbones["tiny"].weights_digest()
@@ -209,8 +233,7 @@ def test_a_foreign_checkpoint_without_our_spec_loads(model_root: Path, backbones
     resolution come from its own config and tokenizer."""
     import shutil
 
-    from backbone.model import preset_dir
-    from backbone.presets import get_preset
+    from backbone.presets import get_preset, preset_dir
 
     foreign = tmp_path / name
     shutil.copytree(preset_dir(model_root, get_preset(name)), foreign)

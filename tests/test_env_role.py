@@ -23,6 +23,7 @@ from consumers.bus.loop import ConsumeLoop
 from consumers.bus.protocols import RecordContext
 from consumers.env import simulator_for
 from consumers.env.worker import EnvWorker
+from infra.runtime.host import RoleHost
 from infra.settings import Settings
 from infra.topics import TopicAdmin, tenant_topic
 from producers.producer import EventProducer
@@ -111,7 +112,8 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
     source = ActionSource(settings, rf"^nexus\.t\.env\d-{unique}\.observations$", 2, f"act-{unique}")
     worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}", group_id=f"env-{unique}",
                        tenants=rf"env\d-{unique}")
-    async with running(source), running(worker):
+    # hosted as a process hosts it: the host heartbeats for the worker
+    async with running(source), RoleHost(settings, roles={"env": worker}, instance=f"w-{unique}"):
         await request_sessions(settings, requests)
 
         async def all_done() -> bool:
@@ -138,6 +140,7 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
              if isinstance(r.event, ev.Heartbeat) and r.event.instance_id == f"w-{unique}"]
     assert beats[0].status == ev.RoleStatus.STARTING and beats[-1].status == ev.RoleStatus.STOPPING
     assert [b.sequence for b in beats] == list(range(len(beats))) and beats[0].role == "env"
+    assert any(b.partitions for b in beats) and beats[-1].progress_at is not None  # the sample is real
     # Every rollout step was answered; an observation may be asked twice (a rebalance restarts
     # a running episode, or an answer was late), never recorded twice.
     assert source.answered >= total_steps
@@ -197,7 +200,7 @@ def spawn_env_worker(settings: Settings, worker_id: str, log_path, group: str,
            "JOYNEXUS_SESSION_TIMEOUT_MS": "6000", "JOYNEXUS_HEARTBEAT_INTERVAL_MS": "1000",
            "JOYNEXUS_HOME": str(settings.home)}
     with open(log_path, "ab") as out:
-        return subprocess.Popen([sys.executable, "-m", "infra", "run", "env", "--worker-id", worker_id,
+        return subprocess.Popen([sys.executable, "-m", "infra", "run", "env", "--instance", worker_id,
                                  "--group", group, "--tenants", tenants],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 

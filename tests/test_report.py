@@ -16,7 +16,7 @@ from rich.console import Console
 
 from backbone.gate import DeviceGate
 from backbone.grouped import forward_grouped_on
-from backbone.timeline import ForwardLog, load_forwards
+from backbone.timeline import JSONL_SUFFIX, ForwardLog, load_forwards, read_window
 from infra.runtime.report import PLOTS, build_report, write_report
 from tests.browser import chromium_or_skip, rendered, screenshot
 from tests.vla import requests
@@ -74,6 +74,37 @@ def test_forward_log_round_trips_and_refuses_other_formats(tmp_path: Path) -> No
         load_forwards(tmp_path / "other.json")
 
 
+def test_exported_timelines_are_read_back_by_window_across_files(tmp_path: Path) -> None:
+    # two device hosts (or one restarted) append to their own files; a report reads one window
+    first, second = ForwardLog(), ForwardLog()
+    first.add("inference", 1.0, 1.5, ["a"])
+    first.add("train", 2.0, 2.5, ["a", "b"])
+    assert first.export_jsonl(tmp_path / f"d0{JSONL_SUFFIX}") == 2
+    assert first.export_jsonl(tmp_path / f"d0{JSONL_SUFFIX}") == 0  # nothing new: nothing written
+    first.add("inference", 3.0, 3.25, ["b"])
+    second.add("inference", 0.5, 0.75, ["c"])
+    first.export_jsonl(tmp_path / f"d0{JSONL_SUFFIX}")
+    second.export_jsonl(tmp_path / f"d1{JSONL_SUFFIX}")
+    with (tmp_path / f"d1{JSONL_SUFFIX}").open("a") as f:
+        f.write('["inference", 12')  # a process killed mid-line
+    since = first.origin_unix + 1.5
+    got = read_window(tmp_path, since, first.origin_unix + 2.5)
+    assert [(r.queue, r.tenants) for r in got] == [("train", ("a", "b"))]
+    assert got[0].start_s == pytest.approx(0.5, abs=1e-5) and got[0].busy_s == pytest.approx(0.5, abs=1e-5)
+    everything = read_window(tmp_path, min(first.origin_unix, second.origin_unix))
+    assert sorted(t for r in everything for t in r.tenants) == ["a", "a", "b", "b", "c"]
+
+
+def test_an_export_above_its_size_limit_rotates(tmp_path: Path) -> None:
+    log = ForwardLog()
+    path = tmp_path / f"d0{JSONL_SUFFIX}"
+    for i in range(3):
+        log.add("inference", float(i), i + 0.5, ["a"] * 50)
+        log.export_jsonl(path, max_bytes=100)
+    assert (tmp_path / f"d0{JSONL_SUFFIX}.1").exists() and len(path.read_text().splitlines()) == 1
+    assert len(read_window(tmp_path, log.origin_unix)) == 2  # the current file and the one before
+
+
 def test_an_empty_run_dir_still_has_every_figure_saying_why(tmp_path: Path) -> None:
     page = build_report(tmp_path)
     for pid, _ in PLOTS:
@@ -93,6 +124,7 @@ def test_the_render_check_sees_a_missing_figure(tmp_path: Path) -> None:
 
 @pytest.mark.broker
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the demo starts every role as its own process
 async def test_demo_quick_run_renders_every_plot_in_headless_chromium(settings, tmp_path: Path) -> None:
     from infra.runtime.demo import run_demo
 

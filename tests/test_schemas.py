@@ -29,6 +29,7 @@ EXPECTED_EVENTS = {
     "JobCancelled", "Observation", "Action", "RolloutRecord", "GradientJob", "FeatureBatch",
     "PolicyVersionPublished", "Heartbeat", "UsageRecorded", "TenantRegistered",
     "EnvSessionRequested", "EnvSessionClosed", "EnvSessionProgress", "EnvSessionRestarted",
+    "InstanceVerdict", "InstanceRestarted",
 }
 
 

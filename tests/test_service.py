@@ -19,7 +19,7 @@ import torch
 
 from backbone.model import Backbone
 from consumers.service import Service
-from infra.runtime.supervisor import Supervisor
+from infra.runtime.host import RoleHost
 from infra.topics import tenant_topic
 from producers.client.sdk import Client, JobHandle
 from producers.dataset.generate import generate_dataset
@@ -34,12 +34,12 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
-    """Every role in this process (one Supervisor for the module), the tiny backbone, a fresh store."""
+    """Every role in this process (one RoleHost for the module), the tiny backbone, a fresh store."""
     home = tmp_path_factory.mktemp("service-home")
     s = settings.model_copy(update={"backbone": "tiny", "home": home})
     backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
     service = await Service.open(s, backbone)
-    supervisor = Supervisor(service)
+    supervisor = RoleHost(service.settings, service=service)
     await supervisor.start()
     client = Client(s, requested_by="test")
     await client.__aenter__()

@@ -93,6 +93,24 @@ async def test_shared_topics(settings: Settings) -> None:
     assert (await _configs(settings, "nexus.tenants"))["cleanup.policy"] == "compact"
 
 
+async def test_shared_topics_created_by_many_at_once(settings: Settings, unique: str) -> None:
+    # A fresh prefix is a fresh broker as far as joynexus's topics go: six processes' worth of
+    # admins racing to create the same shared topics all succeed, and the topics exist once.
+    import asyncio
+
+    fresh = settings.model_copy(update={"topic_prefix": f"cold-{unique}"})
+
+    async def one() -> list[str]:
+        async with TopicAdmin(fresh) as admin:
+            return await admin.ensure_shared()
+
+    results = await asyncio.gather(*(one() for _ in range(6)))
+    assert all(r == results[0] for r in results) and len(results[0]) == 4
+    async with TopicAdmin(fresh) as admin:
+        assert await admin.partitions(shared_topic(fresh, "health")) == settings.partitions
+        await admin.delete_topics(results[0])
+
+
 async def test_wrong_partition_count_is_a_clear_error(settings: Settings, unique: str) -> None:
     tenant = f"w-{unique}"
     async with TopicAdmin(settings) as admin:

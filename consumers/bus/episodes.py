@@ -112,10 +112,12 @@ class RolloutReader:
         self.consumer = consumer
         self.codec = codec
         self.collector = EpisodeCollector()
+        self.read = 0  # records read: the reader's progress
 
     async def poll(self) -> None:
         batches = await self.consumer.getmany(timeout_ms=200)
         for records in batches.values():
+            self.read += len(records)
             for record in records:
                 try:
                     event = self.codec.decode(record.value)

@@ -32,6 +32,7 @@ from schemas.tensors import from_numpy, to_numpy
 __all__ = ["PolicyFailed", "SessionPorts", "SessionRunner", "SimulatorFailed", "SimulatorHung"]
 
 log = get_logger("consumers.env.session")
+START_TIMEOUT_S = 300.0  # a simulator's start, which may import and initialise a physics engine
 
 
 class SimulatorFailed(Exception):
@@ -102,11 +103,13 @@ class SessionRunner:
         finally:
             self._close_sim()
 
-    async def _call(self, fn, *args):
+    async def _call(self, fn, *args, timeout_s: float | None = None):
+        timeout_s = timeout_s or self.step_timeout_s
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.step_timeout_s)
+            return await asyncio.wait_for(asyncio.to_thread(fn, *args), timeout_s)
         except TimeoutError:
-            raise SimulatorHung(f"{fn.__name__} exceeded {self.step_timeout_s}s") from None
+            name = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None), "__name__", repr(fn))
+            raise SimulatorHung(f"{name} exceeded {timeout_s}s") from None
         except InvalidAction as exc:
             raise PolicyFailed(str(exc)) from exc
         except Exception as exc:
@@ -116,7 +119,9 @@ class SessionRunner:
         spec, k = self.spec, self.episodes
         episode_id, seed = f"{spec.session_id}/{k}", spec.seed + k
         if self._sim is None:
-            self._sim = await self._call(self.ports.make_simulator, spec)
+            # a first start may import a physics engine (ManiSkill: over 30 s under load)
+            self._sim = await self._call(self.ports.make_simulator, spec,
+                                         timeout_s=max(self.step_timeout_s, START_TIMEOUT_S))
         limit = spec.max_episode_steps or self._sim.spec.max_episode_steps
         obs: SimObs = await self._call(self._sim.reset, seed)
         records: list[ev.RolloutRecord] = []

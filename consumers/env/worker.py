@@ -28,13 +28,13 @@ from aiokafka.errors import IllegalStateError
 from aiokafka.structs import TopicPartition
 
 from consumers.bus.loop import make_consumer
+from consumers.bus.protocols import Workload
 from consumers.env.session import SessionPorts, SessionRunner
 from envs.base import Simulator
 from infra.errors import SchemaError
 from infra.logging import get_logger
 from infra.settings import Settings
 from infra.topics import parse_topic, sibling_topic, tenant_stream_pattern, tenant_topic
-from producers.heartbeat import Heartbeater
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -80,7 +80,7 @@ class EnvWorker:
             settings, group_id, pattern=tenant_stream_pattern(settings, "sessions|actions", tenants),
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
-        self.heartbeat = Heartbeater(settings, self.producer, "env", self.worker_id, details=self._health)
+        self.observations = 0  # observations sent: the worker's progress
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._actions_ready: set[TopicPartition] = set()  # positioned at their end
@@ -92,7 +92,7 @@ class EnvWorker:
         self._runners: dict[str, asyncio.Task] = {}
         self._waiting: dict[tuple[str, str, int], asyncio.Future] = {}
         self._early: dict[tuple[str, str, int], ev.Action] = {}
-        self._set_up: set[TopicPartition] = set()  # positioned by _setup_partition since assigned
+        self._set_up: set[TopicPartition] = set()  # positioned by _setup_partitions since assigned
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
@@ -105,17 +105,11 @@ class EnvWorker:
         await self.producer.stop()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        stop = stop or asyncio.Event()
-        beats = asyncio.create_task(self.heartbeat.run(stop), name="env-heartbeat")
-        try:
-            await self._loop(stop)
-        finally:
-            stop.set()
-            await beats
+        await self._loop(stop or asyncio.Event())
 
-    def _health(self) -> dict[str, str]:
-        return {"sessions": str(len(self._runners)), "partitions": str(len(self.consumer.assignment())),
-                "group": self.group_id}
+    def workload(self) -> Workload:
+        return Workload((self.consumer,), done=self.observations,
+                        details={"sessions": len(self._runners), "group": self.group_id})
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -213,6 +207,7 @@ class EnvWorker:
         async def publish_observation(obs: ev.Observation) -> None:
             topic = tenant_topic(self.settings, obs.tenant_id, "observations")
             await self.producer.send(topic, obs, key=obs.session_id)
+            self.observations += 1
 
         async def publish_status(event: ev.Event) -> None:
             await self.producer.send(tenant_topic(self.settings, event.tenant_id, "status"), event,
@@ -246,36 +241,44 @@ class EnvWorker:
 
     # ------------------------------------------------------------------ rebalance
     async def _assign(self, assigned: set[TopicPartition]) -> None:
-        for tp in assigned:
-            try:
-                await self._setup_partition(tp)
-            except IllegalStateError:
-                self._set_up.discard(tp)
-                # New tenants' topics trigger rebalances back to back; a partition taken away while we
-                # awaited is set up by the assignment that follows, the others must still be set up now.
-                log.info("partition reassigned during setup", topic=tp.topic, partition=tp.partition)
+        try:
+            await self._setup_partitions(assigned)
+        except IllegalStateError:
+            # New tenants' topics trigger rebalances back to back; a partition taken away while we
+            # awaited is set up by the assignment that follows, the others by the main loop.
+            self._set_up -= assigned
+            log.info("partitions reassigned during setup", partitions=len(assigned))
         log.info("partitions assigned", worker=self.worker_id,
                  partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
     async def _set_up_missed(self) -> None:
         """Partitions a rebalance listener could not position (the assignment moved under it)."""
-        for tp in self.consumer.assignment() - self._set_up:
+        missed = self.consumer.assignment() - self._set_up
+        if missed:
             try:
-                await self._setup_partition(tp)
+                await self._setup_partitions(missed)
             except IllegalStateError:
-                self._set_up.discard(tp)
+                self._set_up -= missed
 
-    async def _setup_partition(self, tp: TopicPartition) -> None:
-        self._set_up.add(tp)
-        if parse_topic(tp.topic).stream == "sessions":
-            end = (await self.consumer.end_offsets([tp]))[tp]
-            await self.consumer.seek_to_beginning(tp)
-            if end > 0:
-                self._folding[tp] = end
-        else:
-            await self.consumer.seek_to_end(tp)
-            await self.consumer.position(tp)  # resolve "end" now, before any observation goes out
-            self._actions_ready.add(tp)
+    async def _setup_partitions(self, partitions: set[TopicPartition]) -> None:
+        """Sessions partitions fold from their beginning, actions partitions start at their end.
+
+        Batched (one end-offsets request, one seek each way): this runs inside the rebalance
+        listener, where aiokafka sends no group heartbeats, and one request per partition for a
+        few dozen tenants' partitions outlasted the session timeout on a loaded machine.
+        """
+        self._set_up |= partitions
+        sessions = [tp for tp in partitions if parse_topic(tp.topic).stream == "sessions"]
+        actions = [tp for tp in partitions if tp not in sessions]
+        if sessions:
+            ends = await self.consumer.end_offsets(sessions)
+            await self.consumer.seek_to_beginning(*sessions)
+            self._folding.update({tp: end for tp, end in ends.items() if end > 0})
+        if actions:
+            await self.consumer.seek_to_end(*actions)
+            for tp in actions:  # resolve "end" now, before any observation goes out
+                await self.consumer.position(tp)
+            self._actions_ready.update(actions)
 
     async def _revoke(self, revoked: set[TopicPartition]) -> None:
         for sid, tp in list(self._home.items()):

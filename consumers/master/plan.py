@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from envs import make_simulator
+from envs import open_simulator
 from infra.errors import ConfigError, JoynexusError
 from producers.dataset.feeder import FeedPlan
 from producers.dataset.format import Dataset, DatasetError, layout_batches
@@ -54,10 +54,11 @@ class Dims:
 
 
 def env_dims(spec: JobSpec) -> Dims:
-    """Starts the simulator once to read its spec (blocking: call it in a thread)."""
+    """Starts the simulator once to read its spec (blocking: call it in a thread; ManiSkill starts
+    in a child process, see ``envs.open_simulator``)."""
     env = spec.env
     try:
-        sim = make_simulator(
+        sim = open_simulator(
             env.env_id,
             obs_mode=env.obs_mode,
             image_size=env.image_size,

@@ -24,7 +24,7 @@ import contextlib
 import time
 from typing import Any
 
-from consumers.bus.protocols import Output, RecordContext
+from consumers.bus.protocols import Output, RecordContext, Workload
 from consumers.bus.transform import TransformWorker
 from consumers.master import plan
 from consumers.service import Service
@@ -61,6 +61,10 @@ class Master:
         self.fed: set[tuple[str, str]] = set()  # feeds this process ran to the end
         self._accepted: set[tuple[str, str]] = set()  # seen by this process before the book shows it
 
+    def workload(self) -> Workload:
+        return Workload((self.worker.consumer,), done=self.worker.committed_batches,
+                        details={"aborted": self.worker.aborted_batches})
+
     async def start(self) -> None:
         async with TopicAdmin(self.settings) as admin:
             await admin.ensure_shared()
@@ -78,9 +82,9 @@ class Master:
         reconcile = asyncio.create_task(self._reconcile_loop(stop), name="master-reconcile")
         try:
             await self.worker.run(stop)
-        finally:
-            stop.set()
-            await reconcile
+        finally:  # a crash of this role must not stop the other roles of the process
+            reconcile.cancel()
+            await asyncio.gather(reconcile, return_exceptions=True)
 
     # ------------------------------------------------------------------ events
     def _envelope(self, tenant: str, job_id: str) -> ev.Envelope:
@@ -169,10 +173,10 @@ class Master:
     async def _compile(self, spec: JobSpec) -> list[Output]:
         service, tenant = self.service, spec.tenant
         wanted = spec.backbone
-        if wanted is not None and wanted not in (self.settings.backbone, service.backbone.backbone_id):
+        if wanted is not None and wanted not in (self.settings.backbone, service.info.backbone_id):
             raise plan.CompileError(
                 "backbone",
-                f"this service runs backbone {service.backbone.backbone_id} "
+                f"this service runs backbone {service.info.backbone_id} "
                 f"(preset {self.settings.backbone}), not {wanted}",
             )
         busy = self._busy_with(spec)
@@ -215,7 +219,7 @@ class Master:
             else:
                 sessions = []
         resources |= {
-            "backbone_id": service.backbone.backbone_id,
+            "backbone_id": service.info.backbone_id,
             "sessions": ",".join(s.session_id for s in sessions),
         }
         outputs.append(
@@ -242,7 +246,7 @@ class Master:
             dims = await asyncio.to_thread(plan.env_dims, spec)
         else:
             dims, dataset = await asyncio.to_thread(plan.dataset_dims, spec)
-        config = plan.tenant_config(spec, service.backbone.hidden_size, dims)
+        config = plan.tenant_config(spec, service.info.hidden_size, dims)
         resources = {"action_dim": str(dims.action_dim), "proprio_dim": str(dims.proprio_dim)}
         if spec.kind == "sft":
             resources["total_steps"] = str(plan.sft_steps(spec, dataset))

@@ -22,7 +22,8 @@ app.add_typer(dataset_app, name="dataset")
 @backbone_app.command("presets")
 def backbone_presets() -> None:
     """List the built-in presets with their parameter counts (meta device: nothing is built)."""
-    from backbone.model import MINI_PRESET, preset_parameters
+    from backbone.info import MINI_PRESET
+    from backbone.model import preset_parameters
     from backbone.presets import PRESETS
 
     table = Table("preset", "family", "image px", "parameters", "what for")
@@ -39,8 +40,9 @@ def backbone_build(
     preset: Annotated[str, typer.Argument(help="Preset name (see `joynexus backbone presets`).")],
 ) -> None:
     """Build a preset once (seeded random weights) into JOYNEXUS_HOME/models and load it back."""
-    from backbone.model import Backbone, preset_dir, set_torch_threads
-    from backbone.presets import PRESETS
+    from backbone.info import set_torch_threads
+    from backbone.model import Backbone
+    from backbone.presets import PRESETS, preset_dir
 
     settings = load_settings()
     set_torch_threads(settings.torch_threads)

@@ -1,4 +1,4 @@
-"""Running the service: ``joynexus up``, ``run ROLE``, ``demo``."""
+"""Running the service: ``joynexus up``, ``run KIND``, ``demo``."""
 
 from __future__ import annotations
 
@@ -15,40 +15,49 @@ app = typer.Typer(no_args_is_help=True)
 
 @app.command()
 def up(
-    roles: Annotated[str, typer.Option(help="Comma-separated roles to host (default: all).")] = "",
+    roles: Annotated[str, typer.Option(help="Comma-separated process kinds to run on this machine "
+                                            "(default: device, master, env, optimizer, rollout, "
+                                            "evaluator, health).")] = "",
+    scale: Annotated[str, typer.Option(help="Instances per kind, e.g. env=3,optimizer=2 (default 1; env "
+                                            "starts at JOYNEXUS_ENV_MIN).")] = "",
+    autoscale: Annotated[bool, typer.Option(help="Scale env workers between JOYNEXUS_ENV_MIN and "
+                                                 "JOYNEXUS_ENV_MAX from their backlog.")] = True,
 ) -> None:
-    """Run every role (or the named ones) under one supervisor, one log stream, until Ctrl-C."""
-    from infra.runtime.supervisor import ROLES, run_roles
+    """Start and supervise one process per role instance until Ctrl-C / SIGTERM; logs go to
+    JOYNEXUS_HOME/logs/<instance>.log. A second machine runs `up --roles env` against the same broker."""
+    from infra.runtime.supervisor import DEFAULT_KINDS, parse_scale, run_up
 
     settings = load_settings()
-    names = tuple(r.strip() for r in roles.split(",") if r.strip()) or ROLES
+    kinds = tuple(r.strip() for r in roles.split(",") if r.strip()) or DEFAULT_KINDS
     try:
-        asyncio.run(run_roles(settings, names))
-    except (JoynexusError, ValueError) as exc:
+        asyncio.run(run_up(settings, kinds, parse_scale(scale), autoscale))
+    except JoynexusError as exc:
         fail(exc)
 
 
 @app.command()
 def run(
-    role: Annotated[str, typer.Argument(help="master, env, inference, backbone-train, optimizer, rollout, "
-                                             "evaluator")],
-    worker_id: Annotated[str | None, typer.Option(help="env: stable id for logs.")] = None,
+    kind: Annotated[str, typer.Argument(help="device (inference + backbone-train), master, env, inference, "
+                                             "backbone-train, optimizer, rollout, evaluator, health")],
+    instance: Annotated[str | None, typer.Option(help="Instance id (default: KIND-<pid>.<host>).")] = None,
+    restarts: Annotated[int, typer.Option(help="How often the supervisor restarted this instance.")] = 0,
     step_timeout: Annotated[float, typer.Option(help="env: watchdog seconds per simulator call.")] = 30.0,
-    group: Annotated[str | None, typer.Option(help="env: consumer group (default: env).")] = None,
+    group: Annotated[str, typer.Option(help="env: consumer group (a pool of workers).")] = "env",
     tenants: Annotated[str, typer.Option(help="env: regex of the tenant ids to serve.")] = r"[^.]+",
 ) -> None:
-    """Run one role in the foreground until Ctrl-C / SIGTERM."""
+    """Run one process kind in the foreground until Ctrl-C / SIGTERM (what `up` starts per instance)."""
+    import os
+    import socket
+
+    from infra.runtime.host import run_instance
+
     settings = load_settings()
-    if role == "env":
-        from consumers.env import run_env_role
-
-        asyncio.run(run_env_role(settings, worker_id, step_timeout, group or "env", tenants))
-        return
-    from infra.runtime.supervisor import ROLES, run_roles
-
-    if role not in ROLES:
-        raise typer.BadParameter(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
-    asyncio.run(run_roles(settings, (role,)))
+    env_options = {"step_timeout_s": step_timeout, "group_id": group, "tenants": tenants}
+    try:
+        asyncio.run(run_instance(settings, kind, instance or f"{kind}-{os.getpid()}.{socket.gethostname()}",
+                                 restarts, env_options if kind == "env" else None))
+    except JoynexusError as exc:
+        fail(exc)
 
 
 @app.command()
@@ -64,3 +73,6 @@ def demo(
         asyncio.run(run_demo(settings, quick=quick, maniskill=maniskill, console=console))
     except JoynexusError as exc:
         fail(exc)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        console.print(f"demo stopped; its processes are stopped too. Partial runs: {settings.run_dir}")
+        raise typer.Exit(130) from None

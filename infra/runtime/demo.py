@@ -1,6 +1,8 @@
 """``joynexus demo``: the paper's scenario, 3 RL tenants + 1 SFT tenant on one shared backbone.
 
-1. the local broker (started if it is not running) and every role in this process;
+1. the local broker (started if it is not running) and the service as OS processes under the
+   process supervisor (as ``joynexus up`` runs it: device host, master, env, optimizer, rollout,
+   evaluator, health; their logs under JOYNEXUS_HOME/logs);
 2. a Reach dataset recorded by the scripted expert (once; kept under JOYNEXUS_HOME/datasets);
 3. four jobs at once: PPO on the built-in Reach task (two tenants, different seeds), PPO on
    ManiSkill PushCube-v1, SFT on the dataset, all through Kafka, sharing one backbone;
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from infra.errors import JoynexusError
 from infra.logging import get_logger
 from infra.settings import Settings
 
@@ -106,13 +110,15 @@ def ensure_dataset(settings: Settings, quick: bool) -> Path:
 async def run_demo(
     settings: Settings, quick: bool = False, maniskill: bool = True, console: Console | None = None
 ) -> dict[str, Any]:
-    from consumers.service import Service
     from infra.broker import LocalBroker
-    from infra.runtime.supervisor import Supervisor
+    from infra.runtime.supervisor import ProcessSupervisor
     from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 
     console = console or Console()
+    # SIGTERM ends the demo like Ctrl-C does: the processes it started are stopped on the way out
+    main = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
     if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
         await asyncio.to_thread(LocalBroker(settings).up)
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
@@ -128,22 +134,34 @@ async def run_demo(
         for spec in specs:  # up front: every new topic set makes the pattern-subscribed groups rebalance
             await admin.ensure_tenant(spec["tenant"])
     began = time.monotonic()
-    service = await Service.open(settings)
-    try:
-        async with Supervisor(service) as supervisor, Client(settings, requested_by="demo") as client:
-            states = await _train(client, specs, console)
-            evals = await _evaluate(client, specs, states, 4 if quick else 8, tag, console)
-            service_stats = _service_stats(service, supervisor, time.monotonic() - began)
-    finally:
-        await service.close()
+    async with ProcessSupervisor(settings) as supervisor, Client(settings, requested_by="demo") as client:
+        with console.status(f"starting {len(supervisor.instances)} processes (logs in {supervisor.log_dir})"):
+            await _healthy(supervisor)
+        states = await _train(client, specs, console)
+        evals = await _evaluate(client, specs, states, 4 if quick else 8, tag, console)
+        service_stats = _service_stats(supervisor, time.monotonic() - began)
     summary = _summary(specs, states, evals, service_stats)
     _write_run(run_dir, summary, states)
     _print_summary(console, summary, run_dir)
-    # --- run report (issue 13): the device timeline as forwards.json, then report.html ---------
+    # --- run report (issue 13): the device host's timeline since the start, then report.html ----
     from infra.runtime.report import write_run_report
 
-    console.print(f"report: {write_run_report(run_dir, service.gate)}")
+    since = time.time() - (time.monotonic() - began)
+    console.print(f"report: {write_run_report(run_dir, settings.timeline_dir, since)}")
     return summary
+
+
+async def _healthy(supervisor, timeout_s: float = 600.0) -> None:
+    """Until every instance heartbeats from its current process."""
+    deadline = time.monotonic() + timeout_s
+    book = supervisor.view.book
+    while True:
+        beating = {(s.instance_id, s.pid) for s in book.instances.values() if s.status == "HEALTHY"}
+        if all((i.instance_id, i.pid) in beating for i in supervisor.instances):
+            return
+        if time.monotonic() > deadline:
+            raise JoynexusError(f"the service did not come up in {timeout_s:.0f} s; see {supervisor.log_dir}")
+        await asyncio.sleep(0.5)
 
 
 async def _follow_all(client, handles, console: Console, title: str) -> dict:
@@ -191,24 +209,30 @@ async def _evaluate(client, specs, states, episodes: int, tag: str, console: Con
     return {owner: results[h] for owner, h in zip(owners, handles, strict=True)}
 
 
-def _service_stats(service, supervisor, wall_s: float) -> dict[str, float]:
-    busy = service.gate.busy_fraction()
-    inference = supervisor.roles.get("inference")
-    train = supervisor.roles.get("backbone-train")
-    groups = list(inference.batcher.records) if inference else []
+def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
+    """The device host's own numbers, from its latest heartbeats (it is another process)."""
+    book = supervisor.view.book
+
+    def details(role: str) -> dict[str, float]:
+        states = book.of_role(role)
+        return {k: float(v) for k, v in states[0].details.items()} if states else {}
+
+    inference, train = details("inference"), details("backbone-train")
+    gate_wall = max(inference.get("gate_wall_s", 0.0), 1e-9)
+    busy_inference, busy_train = inference.get("busy_inference_s", 0.0), inference.get("busy_train_s", 0.0)
+    restarts = [e for e in book.restarts if e.host == supervisor.host and e.cause != "start"]
     return {
         "wall_s": wall_s,
-        "backbone_busy_inference": busy["inference"],
-        "backbone_busy_train": busy["train"],
-        "backbone_busy_total": busy["inference"] + busy["train"],
-        "inference_groups": float(len(groups)),
-        "inference_mean_group_size": sum(g.size for g in groups) / len(groups) if groups else 0.0,
-        "inference_mean_group_tenants": (
-            sum(len(set(g.tenants)) for g in groups) / len(groups) if groups else 0.0
-        ),
-        "train_forwards": float(train.groups if train else 0),
-        "train_mean_group_rows": train.mean_group_rows if train else 0.0,
-        "role_restarts": float(sum(supervisor.restarts.values())),
+        "processes": float(len(supervisor.instances)),
+        "backbone_busy_inference": busy_inference / gate_wall,
+        "backbone_busy_train": busy_train / gate_wall,
+        "backbone_busy_total": (busy_inference + busy_train) / gate_wall,
+        "inference_groups": inference.get("groups", 0.0),
+        "inference_mean_group_size": inference.get("mean_group_size", 0.0),
+        "inference_mean_group_tenants": inference.get("mean_group_tenants", 0.0),
+        "train_forwards": train.get("forwards", 0.0),
+        "train_mean_group_rows": train.get("mean_group_rows", 0.0),
+        "process_restarts": float(len(restarts)),
     }
 
 

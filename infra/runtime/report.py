@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from backbone.timeline import ForwardRecord, load_forwards
+from backbone.timeline import ForwardLog, ForwardRecord, load_forwards, read_window
 from infra.logging import get_logger
 from infra.runtime import report_plots as plots
 
@@ -177,12 +177,16 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
-def write_run_report(run_dir: Path, gate) -> Path | None:
-    """For a run that held the device gate in its own process: the gate's timeline into
-    ``RUN_DIR/forwards.json``, then ``report.html``. A failure is logged, never raised: the
-    report is a view of the run, whose numbers are already in its JSON files."""
+def write_run_report(run_dir: Path, timeline_dir: Path, since_unix: float) -> Path | None:
+    """For a run whose device host is another process: the forwards it exported to
+    ``timeline_dir`` since ``since_unix`` into ``RUN_DIR/forwards.json``, then ``report.html``.
+    A failure is logged, never raised: the report is a view of the run, whose numbers are
+    already in its JSON files."""
     try:
-        gate.timeline.dump(Path(run_dir) / "forwards.json")
+        forwards = read_window(Path(timeline_dir), since_unix)
+        timeline = ForwardLog()
+        timeline.origin_unix = since_unix  # the records' times are relative to the run's start
+        timeline.dump(Path(run_dir) / "forwards.json", forwards)
         return write_report(Path(run_dir))
     except Exception as exc:
         log.warning("report_failed", run_dir=str(run_dir), error=f"{type(exc).__name__}: {exc}"[:300])

@@ -1,141 +1,301 @@
-"""One supervisor, many roles, one process, one log stream (``joynexus up`` / ``joynexus run ROLE``).
+"""``joynexus up``: one OS process per role instance on this machine, kept alive and scaled.
 
-Every role shares the process's ``Service`` (the resident backbone, its
-device gate, the policy store, the job book). A role whose run loop dies is
-logged, stopped and built again in place after a back-off; the others keep
-going. Roles are stateless apart from the log (their consumer groups'
-committed offsets and their topics), so a rebuilt role resumes where the
-log says.
+Per machine, one supervisor starts ``joynexus run KIND --instance ID`` for every
+instance it is asked for (``host.KINDS``: the device host with inference and
+backbone-train, then master, rollout, evaluator, optimizer, env, health; counts
+from ``scale``), each in its own session with its log in
+``JOYNEXUS_HOME/logs/<instance>.log``, and the parent's settings in its
+environment. Instance ids are ``<kind>-<n>.<host>``, unique across machines.
+
+It restarts an instance in place (same id, new pid):
+
+* when its process exits, at once seen by ``wait()``;
+* when the health role judges it DEAD (heartbeats stopped: killed, crashed,
+  SIGSTOPped) or HUNG (no progress while work waits): the supervisor reads the
+  ``InstanceVerdict`` on ``nexus.health``, SIGKILLs the process group, and the
+  exit path restarts it.
+
+Back-off: the first death after a stable run restarts at once; each further
+consecutive quick death (one that ran less than ``stable_after_s``) waits
+``restart_backoff_s`` doubled, up to ``restart_backoff_max_s``. Every start
+is an ``InstanceRestarted`` event with its cause.
+
+Env workers are elastic: every few seconds the supervisor asks
+``scaling.env_target`` how many this machine should run, from what its env
+workers report, starts new ones at once and retires one (SIGTERM: its sessions
+are handed back through a rebalance and resume elsewhere at their first
+uncommitted episode) when the target stayed lower for ``_DOWN_AFTER_S``.
+
+``stop`` (Ctrl-C, SIGTERM) sends SIGTERM to every process group and SIGKILL
+to what is still there after ``stop_grace_s``; a supervisor killed outright
+takes its children with it (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
+import ctypes
+import os
 import signal
-from collections.abc import Callable
-from typing import Any
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
+from infra.errors import JoynexusError
+from infra.healthbook import HealthView
 from infra.logging import get_logger
+from infra.runtime.host import KINDS, ensure_shared_topics
+from infra.runtime.scaling import env_target
 from infra.settings import Settings
+from infra.topics import shared_topic
+from producers.producer import EventProducer
+from schemas import events as ev
 
-__all__ = ["ROLES", "Supervisor", "run_roles"]
+__all__ = ["DEFAULT_KINDS", "Instance", "ProcessSupervisor", "parse_scale", "run_up"]
 
 log = get_logger("infra.runtime.supervisor")
 
-ROLES = ("master", "env", "inference", "backbone-train", "optimizer", "rollout", "evaluator")
+#: What ``joynexus up`` runs on one machine by default.
+DEFAULT_KINDS = ("device", "master", "env", "optimizer", "rollout", "evaluator", "health")
+_SCALE_EVERY_S = 2.0
+_DOWN_AFTER_S = 20.0
 
 
-def _factory(name: str) -> Callable[[Any], Any]:
-    """The constructor of a role, imported on use (a process runs only what it hosts)."""
-    if name == "master":
-        from consumers.master.role import Master
-        return Master
-    if name == "inference":
-        from consumers.inference import InferenceRole
-        return InferenceRole
-    if name == "backbone-train":
-        from consumers.backbone_train import BackboneTrainRole
-        return BackboneTrainRole
-    if name == "optimizer":
-        from consumers.optimizer import OptimizerHost
-        return OptimizerHost
-    if name == "rollout":
-        from consumers.rollout import RolloutRole
-        return RolloutRole
-    if name == "evaluator":
-        from consumers.evaluator import EvaluatorRole
-        return EvaluatorRole
-    if name == "env":
-        from consumers.env import simulator_for
-        from consumers.env.worker import EnvWorker
+@dataclass
+class Instance:
+    kind: str
+    index: int
+    instance_id: str
+    process: asyncio.subprocess.Process | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    quick_deaths: int = 0
+    kill_cause: str | None = None  # set when we killed it, so its exit is explained
+    retiring: bool = False  # scaled down: its exit is expected
 
-        def env(service):
-            make = functools.partial(simulator_for, isolation=service.settings.env_isolation)
-            return EnvWorker(service.settings, make)
-        return env
-    raise ValueError(f"unknown role {name!r}; roles: {', '.join(ROLES)}")
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
 
 
-class Supervisor:
-    def __init__(self, service, names: tuple[str, ...] = ROLES, restart_backoff_s: float = 2.0):
-        unknown = [n for n in names if n not in ROLES]
+def parse_scale(text: str) -> dict[str, int]:
+    """``env=3,optimizer=2`` -> {"env": 3, "optimizer": 2}."""
+    scale: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, count = part.partition("=")
+        if kind not in KINDS or not count.isdigit():
+            raise JoynexusError(f"bad --scale entry {part!r}: want KIND=N, KIND one of {', '.join(KINDS)}")
+        scale[kind] = int(count)
+    return scale
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM it when the supervisor dies, however it dies (Linux
+    prctl PR_SET_PDEATHSIG), so a killed supervisor leaves no orphaned role processes."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+
+
+def _exit_cause(code: int) -> str:
+    if code < 0:
+        return f"exited: killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+class ProcessSupervisor:
+    def __init__(self, settings: Settings, kinds: Sequence[str] = DEFAULT_KINDS,
+                 scale: Mapping[str, int] | None = None, *, autoscale: bool = True):
+        unknown = [k for k in kinds if k not in KINDS]
         if unknown:
-            raise ValueError(f"unknown role(s) {unknown}; roles: {', '.join(ROLES)}")
-        self.service = service
-        self.names = names
-        self.restart_backoff_s = restart_backoff_s
-        self.roles: dict[str, Any] = {}
-        self.restarts: dict[str, int] = {n: 0 for n in names}
-        self._tasks: dict[str, asyncio.Task] = {}
-        self.stop_event = asyncio.Event()
+            raise JoynexusError(f"unknown process kind(s) {unknown}; kinds: {', '.join(KINDS)}")
+        self.settings = settings
+        self.kinds = tuple(kinds)
+        self.scale = dict(scale or {})
+        self.autoscale = autoscale and "env" in self.kinds
+        self.host = socket.gethostname()
+        self.log_dir = settings.home / "logs"
+        self.instances: list[Instance] = []
+        self.view = HealthView(settings, lookback_s=5.0, name="supervisor", on_event=self._on_event)
+        self.producer = EventProducer(settings, client_id=f"supervisor-{self.host}")
+        self.stopping = False
+        self._tasks: set[asyncio.Task] = set()
+        self._env = {**os.environ, **settings.as_env()}
+        self._low_since: float | None = None
+
+    # ------------------------------------------------------------------ life cycle
+    def count(self, kind: str) -> int:
+        return self.scale.get(kind, max(self.settings.env_min, 1) if kind == "env" else 1)
 
     async def start(self) -> None:
-        for name in self.names:
-            await self._start(name)
-        log.info("roles started", roles=list(self.names), backbone=self.service.backbone.backbone_id)
-
-    async def _start(self, name: str) -> None:
-        role = _factory(name)(self.service)
-        await role.start()
-        self.roles[name] = role
-        self._tasks[name] = asyncio.create_task(self._run(name, role), name=f"role-{name}")
-
-    async def _run(self, name: str, role: Any) -> None:
-        while True:
-            try:
-                await role.run(self.stop_event)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                self.restarts[name] += 1
-                log.exception("role crashed; restarting in place", role=name, restarts=self.restarts[name],
-                              error_class=type(exc).__name__)
-            try:
-                await role.stop()
-            except Exception as exc:  # a crashed role may not stop cleanly
-                log.warning("stopping the crashed role failed", role=name, error=str(exc)[:200])
-            await asyncio.sleep(self.restart_backoff_s)
-            if self.stop_event.is_set():
-                return
-            role = _factory(name)(self.service)
-            await role.start()
-            self.roles[name] = role
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        await ensure_shared_topics(self.settings)
+        await self.producer.start()
+        await self.view.start()
+        for kind in self.kinds:
+            for _ in range(self.count(kind)):
+                await self._spawn(self._new_instance(kind), "start")
+        if self.autoscale:
+            self._task(self._scale_loop(), "env-autoscale")
+        log.info("supervisor running", host=self.host, instances=[i.instance_id for i in self.instances],
+                 logs=str(self.log_dir))
 
     async def stop(self) -> None:
-        self.stop_event.set()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-        for name, role in reversed(list(self.roles.items())):
-            try:
-                await role.stop()
-            except Exception as exc:
-                log.warning("role did not stop cleanly", role=name, error=str(exc)[:200])
+        self.stopping = True
+        for task in list(self._tasks):
+            if task.get_name() == "env-autoscale":
+                task.cancel()
+        live = [i for i in self.instances if i.alive]
+        for inst in live:
+            self._signal(inst, signal.SIGTERM)
+        deadline = time.monotonic() + self.settings.stop_grace_s
+        for inst in live:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(inst.process.wait(), max(0.1, deadline - time.monotonic()))
+            if inst.alive:
+                log.warning("instance ignored SIGTERM; killing", instance=inst.instance_id, pid=inst.pid)
+                self._signal(inst, signal.SIGKILL)
+                await inst.process.wait()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.view.stop()
+        await self.producer.stop()
 
-    async def __aenter__(self) -> Supervisor:
+    async def __aenter__(self) -> ProcessSupervisor:
         await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def of_kind(self, kind: str) -> list[Instance]:
+        return [i for i in self.instances if i.kind == kind and not i.retiring]
 
-async def run_roles(settings: Settings, names: tuple[str, ...] = ROLES) -> None:
-    """Run roles in this process until SIGINT/SIGTERM."""
-    from consumers.service import Service
-    from infra.topics import TopicAdmin
+    # ------------------------------------------------------------------ processes
+    def _task(self, coro, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_shared()
-    service = await Service.open(settings)
+    def _new_instance(self, kind: str) -> Instance:
+        used = {i.index for i in self.instances if i.kind == kind}
+        index = next(n for n in range(len(used) + 1) if n not in used)
+        inst = Instance(kind, index, f"{kind}-{index}.{self.host}")
+        self.instances.append(inst)
+        return inst
+
+    def _signal(self, inst: Instance, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(inst.pid, sig)  # the whole group: isolated simulators are its children
+
+    async def _spawn(self, inst: Instance, cause: str, backoff_s: float = 0.0,
+                     old_pid: int | None = None) -> None:
+        cmd = [sys.executable, "-m", "infra", "run", inst.kind, "--instance", inst.instance_id,
+               "--restarts", str(inst.restarts)]
+        with open(self.log_dir / f"{inst.instance_id}.log", "ab") as out:
+            inst.process = await asyncio.create_subprocess_exec(
+                *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
+                env=self._env, start_new_session=True, preexec_fn=_die_with_parent)
+        inst.started_at = time.monotonic()
+        log.info("instance started", instance=inst.instance_id, pid=inst.pid, cause=cause,
+                 restarts=inst.restarts, backoff_s=round(backoff_s, 2))
+        await self._record(inst, cause, backoff_s, old_pid)
+        self._task(self._watch(inst, inst.process), f"watch-{inst.instance_id}")
+
+    async def _record(self, inst: Instance, cause: str, backoff_s: float, old_pid: int | None) -> None:
+        event = ev.InstanceRestarted(
+            envelope=ev.Envelope(producer_id=f"supervisor/{self.host}"), role=inst.kind,
+            instance_id=inst.instance_id, host=self.host, new_pid=inst.pid, cause=cause,
+            restarts=inst.restarts, backoff_s=backoff_s, old_pid=old_pid)
+        try:
+            await self.producer.send(shared_topic(self.settings, "health"), event,
+                                     key=f"{inst.kind}/{inst.instance_id}")
+        except Exception as exc:  # the restart happened; only its record is missing
+            log.warning("restart event not published", error_class=type(exc).__name__)
+
+    async def _watch(self, inst: Instance, process: asyncio.subprocess.Process) -> None:
+        code = await process.wait()
+        if self.stopping or inst.retiring:
+            log.info("instance stopped", instance=inst.instance_id, pid=process.pid, code=code)
+            if inst.retiring:
+                self.instances.remove(inst)
+            return
+        cause = inst.kill_cause or _exit_cause(code)
+        inst.kill_cause = None
+        uptime = time.monotonic() - inst.started_at
+        inst.quick_deaths = 0 if uptime >= self.settings.stable_after_s else inst.quick_deaths + 1
+        # the first death after a stable run restarts at once; a crash loop backs off exponentially
+        base, ceiling = self.settings.restart_backoff_s, self.settings.restart_backoff_max_s
+        backoff = 0.0 if inst.quick_deaths <= 1 else min(ceiling, base * 2 ** (inst.quick_deaths - 2))
+        log.warning("instance died; restarting in place", instance=inst.instance_id, pid=process.pid,
+                    cause=cause, uptime_s=round(uptime, 1), backoff_s=backoff)
+        await asyncio.sleep(backoff)
+        if self.stopping:
+            return
+        inst.restarts += 1
+        await self._spawn(inst, cause, backoff, old_pid=process.pid)
+
+    def _on_event(self, event: ev.Event) -> None:
+        """A verdict about one of our live processes: kill it; ``_watch`` restarts it."""
+        if not isinstance(event, ev.InstanceVerdict) or event.host != self.host or self.stopping:
+            return
+        for inst in self.instances:
+            if inst.instance_id == event.instance_id and inst.pid == event.pid and inst.alive:
+                inst.kill_cause = f"{event.verdict} ({event.role}): {event.reason}"
+                log.error("killing a judged instance", instance=inst.instance_id, pid=inst.pid,
+                          verdict=event.verdict, role=event.role, reason=event.reason)
+                self._signal(inst, signal.SIGKILL)
+
+    # ------------------------------------------------------------------ elastic env workers
+    async def _scale_loop(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(_SCALE_EVERY_S)
+            await self.scale_env()
+
+    async def scale_env(self, target: int | None = None) -> int:
+        """One scaling step (``target`` given: go there now, as a test or operator would)."""
+        workers = self.of_kind("env")
+        reports = [s for s in self.view.book.of_role("env", self.settings.health_timeout_s)
+                   if s.host == self.host and any(s.instance_id == w.instance_id for w in workers)]
+        sessions = sum(int(s.details.get("sessions", "0")) for s in reports)
+        lag = sum(max(s.lag, 0) for s in reports)
+        forced = target is not None
+        if target is None:
+            target = env_target(len(workers), sessions, lag, per_worker=self.settings.env_sessions_per_worker,
+                                lo=max(self.settings.env_min, 1), hi=max(self.settings.env_max, 1))
+        if target > len(workers):
+            self._low_since = None
+            for _ in range(target - len(workers)):
+                log.info("scaling env workers up", workers=len(workers), target=target, sessions=sessions,
+                         lag=lag)
+                await self._spawn(self._new_instance("env"),
+                                  f"scaled up: {sessions} sessions, lag {lag}, {len(workers)} -> {target}")
+        elif target < len(workers):
+            now = time.monotonic()
+            self._low_since = self._low_since or now
+            if forced or now - self._low_since >= _DOWN_AFTER_S:
+                self._low_since = None
+                for inst in sorted(workers, key=lambda i: i.index)[target:]:
+                    log.info("scaling env workers down", workers=len(workers), target=target,
+                             sessions=sessions, lag=lag, retiring=inst.instance_id)
+                    inst.retiring = True
+                    self._signal(inst, signal.SIGTERM)
+        else:
+            self._low_since = None
+        return target
+
+
+async def run_up(settings: Settings, kinds: Sequence[str] = DEFAULT_KINDS,
+                 scale: Mapping[str, int] | None = None, autoscale: bool = True) -> None:
+    """Supervise this machine's processes until SIGINT/SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    supervisor = Supervisor(service, names)
-    await supervisor.start()
-    try:
+    async with ProcessSupervisor(settings, kinds, scale, autoscale=autoscale):
         await stop.wait()
-    finally:
-        await supervisor.stop()
-        await service.close()
