@@ -1,6 +1,7 @@
 """Multi-tenant vs isolated: the paper's headline, measured on this machine, baseline in the same run.
 
-    python -m benchmarks.multi_tenant [--repeats 3] [--scenario quick|full|smoke] [--no-maniskill]
+    python -m benchmarks.multi_tenant [--repeats 3] [--scenario quick|full|smoke]
+                                      [--no-maniskill | --builtin-third]
                                       [--json PATH] [--run-dir DIR]
 
 The same fixed work per tenant (the demo's jobs: PPO on Reach twice, PPO on
@@ -63,9 +64,16 @@ METRICS = ("makespan_s", "device_time_s", "busy_train_s", "busy_inference_s", "b
            "forwards_train", "forwards_inference")
 
 
-def bench_scenario(name: str, dataset: Path, maniskill: bool) -> list[dict[str, Any]]:
-    """The demo's job specs (``quick`` or ``full``), or ``smoke``: the quick ones shrunk to seconds."""
-    specs = scenario(name != "full", dataset, maniskill)
+def bench_scenario(name: str, dataset: Path, maniskill: bool,
+                   builtin_third: bool = False) -> list[dict[str, Any]]:
+    """The demo's job specs (``quick`` or ``full``), or ``smoke``: the quick ones shrunk to seconds.
+    ``builtin_third``: the third RL tenant on the built-in Push task instead of ManiSkill PushCube
+    (still 3 RL + 1 SFT, without ManiSkill's 20-40 ms renders and its start-up)."""
+    specs = scenario(name != "full", dataset, maniskill and not builtin_third)
+    if builtin_third:
+        reach = next(s for s in specs if s["kind"] == "rl")
+        specs.append({**copy.deepcopy(reach), "tenant": "push", "seed": 4,
+                      "env": {**reach["env"], "env_id": "joynexus/Push-v0"}})
     if name != "smoke":
         return specs
     specs = copy.deepcopy(specs)
@@ -204,7 +212,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
     run_dir = args.run_dir or settings.run_dir / f"multi-tenant-{tag}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    base = bench_scenario(args.scenario, dataset, not args.no_maniskill)
+    base = bench_scenario(args.scenario, dataset, not args.no_maniskill, args.builtin_third)
     order = [("isolated", "shared") if r % 2 == 0 else ("shared", "isolated") for r in range(args.repeats)]
     labels = [f"w{tag}"] + [f"{mode[0]}{r}{tag}" for r, modes in enumerate(order) for mode in modes]
     async with TopicAdmin(settings) as admin:  # up front: a new tenant's topics make every
@@ -280,7 +288,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3,
                         help="rounds of (isolated, shared), alternating which goes first")
     parser.add_argument("--scenario", choices=("smoke", "quick", "full"), default="quick")
-    parser.add_argument("--no-maniskill", action="store_true")
+    parser.add_argument("--no-maniskill", action="store_true", help="drop the ManiSkill tenant")
+    parser.add_argument("--builtin-third", action="store_true",
+                        help="the third RL tenant on the built-in Push task instead of ManiSkill PushCube")
     parser.add_argument("--deployment", choices=("in-process", "processes"), default="in-process")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--run-dir", type=Path, default=None)

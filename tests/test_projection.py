@@ -38,6 +38,14 @@ def test_two_tenants_fill_each_others_gaps_and_share_forwards() -> None:
     assert sha["busy_inference_s"] == pytest.approx(1.0)
 
 
+def test_host_slots_serialise_the_host_gaps() -> None:
+    # two tenants, each: gap 1, forward 0.1, tail 0; one host slot: gaps 0-1 and 1-2
+    chains = [pj.Chain(t, (pj.Item("train", 1, 1.0),), 0.0) for t in "ab"]
+    tenth = pj.assumed_duration(100.0, 0.0)
+    assert pj.shared(chains, tenth)["device_time_s"] == pytest.approx(1.1)  # one forward for both
+    assert pj.shared(chains, tenth, host_slots=1)["device_time_s"] == pytest.approx(2.1)
+
+
 def test_one_device_serialises_and_inference_goes_first() -> None:
     # a: train item ready at 0; b: inference ready at 0 -> inference runs 0-1, then train 1-2
     train = pj.Chain("a", (pj.Item("train", 4, 0.0),), 0.0)
@@ -73,7 +81,11 @@ def test_main_prints_the_projection_label_and_the_cpu_miss(tmp_path, capsys) -> 
     result = pj.main([str(tmp_path), "--json", str(tmp_path / "p.json")])
     out = capsys.readouterr().out
     assert "PROJECTION, not a measurement" in out and "ASSUMED GPU forward times" in out
-    # the model says 4.0 s shared against 4.4 s measured
-    assert result["model_cpu"]["shared"]["device_time_s"] == pytest.approx(4.0)
-    assert result["model_cpu_miss"]["shared"] == pytest.approx(4.0 / 4.4 - 1)
+    # host unlimited: both ready at 1.0, one forward of 2 rows, both ready at 2.0, one more, tails: 4.0 s
+    assert result["model_cpu_unlimited_host"]["shared"]["device_time_s"] == pytest.approx(4.0)
+    # one host slot (the default): gaps run one at a time (a 0-1, b 1-2, a 2-2.5, b 2.5-3, a's tail
+    # 3-4.5, b's tail 4.5-6): 6.0 s
+    assert result["model_cpu"]["shared"]["device_time_s"] == pytest.approx(6.0)
+    assert result["model_cpu_miss"]["shared"] == pytest.approx(6.0 / 4.4 - 1)
+    assert result["model_cpu_miss"]["shared_unlimited_host"] == pytest.approx(4.0 / 4.4 - 1)
     assert json.loads((tmp_path / "p.json").read_text())["gpu_source"].startswith("ASSUMED")
