@@ -177,14 +177,15 @@ async def main(args: argparse.Namespace) -> dict:
                          "kafka_p99_ms": kafka_p99, "queue_ms": queue_ms,
                          "latency_ratio": kafka_ms / queue_ms, "events_per_s": rate, "mib_per_s": mbps,
                          "compression": settings.compression_type})
-    print("| payload | wire bytes | codec us | raw us | codec/raw | kafka p50 ms | kafka p99 ms "
-          "| queue ms | kafka/queue | burst events/s | MiB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['payload']} | {r['bytes']} | {r['codec_us']:.1f} | {r['raw_us']:.1f} | "
-              f"{r['codec_ratio']:.1f}x | {r['kafka_ms']:.2f} | {r['kafka_p99_ms']:.2f} | "
-              f"{r['queue_ms']:.4f} | {r['latency_ratio']:.0f}x | {r['events_per_s']:.0f} | "
-              f"{r['mib_per_s']:.1f} |")
+    if rows:
+        print("| payload | wire bytes | codec us | raw us | codec/raw | kafka p50 ms | kafka p99 ms "
+              "| queue ms | kafka/queue | burst events/s | MiB/s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['payload']} | {r['bytes']} | {r['codec_us']:.1f} | {r['raw_us']:.1f} | "
+                  f"{r['codec_ratio']:.1f}x | {r['kafka_ms']:.2f} | {r['kafka_p99_ms']:.2f} | "
+                  f"{r['queue_ms']:.4f} | {r['latency_ratio']:.0f}x | {r['events_per_s']:.0f} | "
+                  f"{r['mib_per_s']:.1f} |")
     trips = await bus_roundtrip.run(settings, args.tasks, args.n, args.inflight, args.backbone)
     print("\nobservation -> action round trip, and the bus's share of an RL step\n")
     print(bus_roundtrip.markdown(trips, args.inflight))

@@ -236,7 +236,8 @@ def parser() -> argparse.ArgumentParser:
 
 async def run(settings: Settings, tasks: list[str], n: int, inflight: int,
               preset: str | None) -> list[TaskRow]:
-    from backbone.model import Backbone, set_torch_threads
+    from backbone.info import set_torch_threads
+    from backbone.model import Backbone
     from envs.vulkan import vulkan_available
 
     set_torch_threads(settings.torch_threads)

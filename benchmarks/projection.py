@@ -25,9 +25,8 @@ A forward of ``rows`` rows on ``queue`` takes ``duration(queue, rows)``:
 
 * ``cpu``: a least-squares line per queue through the run's own measured
   forwards. This is the check: the model must reproduce the measured shared
-  run; the miss is printed (host gaps are taken from isolated runs, so CPU
-  contention between simulators under sharing is not modelled: on 2 cores
-  that is what the host-slot limit models);
+  run; the miss is printed (host gaps are taken from isolated runs; how
+  they contend for the CPU when shared is the host-slot limit below);
 * ``gpu``: from a ``benchmarks/group_batching.py --json`` table measured on a
   GPU (grouped forward time at tenants x local batch rows, interpolated
   linearly in rows, extrapolated from the last two points), or, when no GPU
