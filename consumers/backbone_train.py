@@ -39,7 +39,7 @@ from backbone.inputs import Prepared
 from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.loop import make_consumer
 from consumers.bus.protocols import Workload
-from consumers.bus.transform import transactional_id
+from consumers.bus.transform import PartitionProducers
 from consumers.convert import feature_tensors, gradient_job_requests
 from consumers.service import Service
 from infra.errors import JoynexusError
@@ -68,10 +68,10 @@ class _Listener(ConsumerRebalanceListener):
         self.role = role
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        self.role._revoked |= set(revoked)  # their producers are closed between polls
+        self.role.producers.revoked |= set(revoked)  # closed between polls
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self.role._revoked -= set(assigned)
+        self.role.producers.revoked -= set(assigned)
 
 
 class BackboneTrainRole:
@@ -84,8 +84,7 @@ class BackboneTrainRole:
             settings, GROUP, pattern=tenant_stream_pattern(settings, "gradient-jobs"),
             listener=_Listener(self),
         )
-        self._producers: dict[TopicPartition, EventProducer] = {}
-        self._revoked: set[TopicPartition] = set()
+        self.producers = PartitionProducers(settings, self.codec, GROUP, f"{GROUP}-{instance}")
         self.groups = 0
         self.rows = 0
         self.jobs = 0
@@ -106,33 +105,15 @@ class BackboneTrainRole:
 
     async def stop(self) -> None:
         await self.consumer.stop()
-        for tp in list(self._producers):
-            await self._close_producer(tp)
+        await self.producers.close_all()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            for tp in [tp for tp in self._producers if tp in self._revoked]:
-                await self._close_producer(tp)
+            await self.producers.close_revoked()
             limit = self.settings.train_max_batch_jobs
             batches = await self.consumer.getmany(timeout_ms=200, max_records=limit)
             if batches:
                 await self._poll(batches)
-
-    async def _producer_for(self, tp: TopicPartition) -> EventProducer:
-        if tp not in self._producers:
-            producer = EventProducer(self.settings, self.codec, transactional_id=transactional_id(GROUP, tp),
-                                     client_id=f"{GROUP}-{self.instance}-{tp.topic}-{tp.partition}")
-            await producer.start()  # fences whoever held this partition before
-            self._producers[tp] = producer
-        return self._producers[tp]
-
-    async def _close_producer(self, tp: TopicPartition) -> None:
-        producer = self._producers.pop(tp, None)
-        if producer is not None:
-            try:
-                await producer.stop()
-            except KafkaError as exc:  # a fenced producer may complain on close
-                log.warning("closing producer failed", error=str(exc)[:200])
 
     async def _poll(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         """Decode every partition's jobs, run the forwards for all of them at once, then commit
@@ -147,7 +128,7 @@ class BackboneTrainRole:
     async def _commit_partition(self, tp: TopicPartition, records: list[ConsumerRecord],
                                 items: list[_Job | Exception], usage: dict[str, float], tenants: int) -> None:
         try:
-            producer = await self._producer_for(tp)
+            producer = await self.producers.get(tp)  # fences whoever held this partition before
             async with producer.transaction():
                 for record, item in zip(records, items, strict=True):
                     if isinstance(item, _Job):
@@ -162,7 +143,7 @@ class BackboneTrainRole:
             self.aborted += 1
             log.warning("transaction aborted; rewinding", topic=tp.topic, partition=tp.partition,
                         error_class=type(exc).__name__, error=str(exc)[:300])
-            await self._close_producer(tp)  # a fenced or broken producer is not reused
+            await self.producers.close(tp)
             await self._rewind(tp)
             return
         self.committed += 1

@@ -90,9 +90,9 @@ async def test_a_zombie_instance_cannot_publish(service: Service, demos: Dataset
         batches: dict = {}
         while not batches.get(tp):
             batches = await zombie.consumer.getmany(tp, timeout_ms=1000)
-        await zombie._producer_for(tp)  # it held the partition and had its producer...
+        await zombie.producers.get(tp)  # it held the partition and had its producer...
         successor = BackboneTrainRole(service, "successor")
-        await successor._producer_for(tp)  # ...until the new owner's producer fenced it
+        await successor.producers.get(tp)  # ...until the new owner's producer fenced it
         await zombie._poll(batches)  # awake again: the forward runs, the commit must fail
         assert zombie.aborted == 1 and zombie.committed == 0
         assert await batches_of(service.settings, [tenant]) == Counter()  # nothing visible

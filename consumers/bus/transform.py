@@ -32,7 +32,7 @@ from infra.settings import Settings
 from producers.producer import EventProducer
 from schemas.codec import Codec
 
-__all__ = ["TransformWorker", "transactional_id"]
+__all__ = ["PartitionProducers", "TransformWorker", "transactional_id"]
 
 log = get_logger("consumers.bus.transform")
 
@@ -41,16 +41,53 @@ def transactional_id(group_id: str, tp: TopicPartition) -> str:
     return f"{group_id}-{tp.topic}-{tp.partition}"
 
 
+class PartitionProducers:
+    """One transactional producer per input partition, ``{group}-{topic}-{partition}``: starting
+    one fences whoever held the partition before. Closed when the partition is revoked (between
+    batches, never under one) or when a transaction on it failed (a fenced producer is not reused).
+    """
+
+    def __init__(self, settings: Settings, codec: Codec, group_id: str, client_prefix: str):
+        self.settings, self.codec = settings, codec
+        self.group_id, self.client_prefix = group_id, client_prefix
+        self._producers: dict[TopicPartition, EventProducer] = {}
+        self.revoked: set[TopicPartition] = set()
+
+    async def get(self, tp: TopicPartition) -> EventProducer:
+        if tp not in self._producers:
+            producer = EventProducer(self.settings, self.codec,
+                                     transactional_id=transactional_id(self.group_id, tp),
+                                     client_id=f"{self.client_prefix}-{tp.topic}-{tp.partition}")
+            await producer.start()
+            self._producers[tp] = producer
+        return self._producers[tp]
+
+    async def close(self, tp: TopicPartition) -> None:
+        producer = self._producers.pop(tp, None)
+        if producer is not None:
+            try:
+                await producer.stop()
+            except KafkaError as exc:  # a fenced producer may complain on close
+                log.warning("closing producer failed", error=str(exc)[:200])
+
+    async def close_revoked(self) -> None:
+        for tp in [tp for tp in self._producers if tp in self.revoked]:
+            await self.close(tp)
+
+    async def close_all(self) -> None:
+        for tp in list(self._producers):
+            await self.close(tp)
+
+
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, worker: TransformWorker):
         self._worker = worker
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        # Closed between batches by the worker's own task, never under a running batch.
-        self._worker._revoked |= set(revoked)
+        self._worker.producers.revoked |= set(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        self._worker._revoked -= set(assigned)
+        self._worker.producers.revoked -= set(assigned)
         log.info("partitions assigned", group=self._worker.group_id,
                  partitions=sorted(f"{tp.topic}:{tp.partition}" for tp in assigned))
 
@@ -69,8 +106,7 @@ class TransformWorker:
         self.codec = codec or Codec()
         self.consumer = make_consumer(settings, group_id, topics=topics, pattern=pattern,
                                       listener=_Listener(self))
-        self._producers: dict[TopicPartition, EventProducer] = {}
-        self._revoked: set[TopicPartition] = set()
+        self.producers = PartitionProducers(settings, self.codec, group_id, role)
         self._to_rewind: set[TopicPartition] = set()
         self.committed_batches = 0
         self.aborted_batches = 0
@@ -79,40 +115,21 @@ class TransformWorker:
         await self.consumer.start()
 
     async def stop(self) -> None:
-        for tp in list(self._producers):
-            await self._close_producer(tp)
+        await self.producers.close_all()
         await self.consumer.stop()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
         while not stop.is_set():
-            for tp in [tp for tp in self._producers if tp in self._revoked]:
-                await self._close_producer(tp)
+            await self.producers.close_revoked()
             await self._rewind_pending()
             batches = await self.consumer.getmany(timeout_ms=200)
             for tp, records in batches.items():
                 if tp not in self._to_rewind:
                     await self._run_batch(tp, records)
 
-    async def _producer_for(self, tp: TopicPartition) -> EventProducer:
-        if tp not in self._producers:
-            producer = EventProducer(self.settings, self.codec,
-                                     transactional_id=transactional_id(self.group_id, tp),
-                                     client_id=f"{self.role}-{tp.topic}-{tp.partition}")
-            await producer.start()
-            self._producers[tp] = producer
-        return self._producers[tp]
-
-    async def _close_producer(self, tp: TopicPartition) -> None:
-        producer = self._producers.pop(tp, None)
-        if producer is not None:
-            try:
-                await producer.stop()
-            except KafkaError as exc:  # a fenced producer may complain on close
-                log.warning("closing producer failed", error=str(exc))
-
     async def _run_batch(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
-        producer = await self._producer_for(tp)
+        producer = await self.producers.get(tp)
         try:
             async with producer.transaction():
                 for record in records:
@@ -123,7 +140,7 @@ class TransformWorker:
             self.aborted_batches += 1
             log.warning("transaction aborted; rewinding", topic=tp.topic, partition=tp.partition,
                         error_class=type(exc).__name__, error=str(exc)[:300])
-            await self._close_producer(tp)  # a fenced or broken producer is not reused
+            await self.producers.close(tp)
             await self._rewind(tp)
             return
         self.committed_batches += 1

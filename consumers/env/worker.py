@@ -43,6 +43,7 @@ __all__ = ["EnvWorker", "progress_key"]
 
 log = get_logger("consumers.env.worker")
 GROUP = "env"
+POSITION_TIMEOUT_S = 5.0  # aiokafka's position() waits a whole request timeout (40 s) per partition
 
 
 def progress_key(session_id: str) -> str:
@@ -277,8 +278,12 @@ class EnvWorker:
         if actions:
             await self.consumer.seek_to_end(*actions)
             for tp in actions:  # resolve "end" now, before any observation goes out
-                await self.consumer.position(tp)
-            self._actions_ready.update(actions)
+                try:
+                    await asyncio.wait_for(self.consumer.position(tp), POSITION_TIMEOUT_S)
+                except TimeoutError:  # mid-rebalance: the main loop tries again
+                    self._set_up.discard(tp)
+                    continue
+                self._actions_ready.add(tp)
 
     async def _revoke(self, revoked: set[TopicPartition]) -> None:
         for sid, tp in list(self._home.items()):

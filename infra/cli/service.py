@@ -62,7 +62,7 @@ def run(
 
 @app.command()
 def demo(
-    quick: Annotated[bool, typer.Option("--quick", help="A smoke-test sized run (about 2 minutes).")] = False,
+    quick: Annotated[bool, typer.Option("--quick", help="A smoke-test sized run (minutes).")] = False,
     maniskill: Annotated[bool, typer.Option(help="Include the ManiSkill PushCube tenant.")] = True,
 ) -> None:
     """The paper's scenario: 3 RL tenants + 1 SFT tenant on one shared backbone, then evaluations."""

@@ -220,7 +220,7 @@ def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
     inference, train = details("inference"), details("backbone-train")
     gate_wall = max(inference.get("gate_wall_s", 0.0), 1e-9)
     busy_inference, busy_train = inference.get("busy_inference_s", 0.0), inference.get("busy_train_s", 0.0)
-    restarts = [e for e in book.restarts if e.host == supervisor.host and e.cause != "start"]
+    restarts = [e for e in book.restarts if e.host == supervisor.host and e.old_pid is not None]
     return {
         "wall_s": wall_s,
         "processes": float(len(supervisor.instances)),

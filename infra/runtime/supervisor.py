@@ -240,6 +240,15 @@ class ProcessSupervisor:
         inst.restarts += 1
         await self._spawn(inst, cause, backoff, old_pid=process.pid)
 
+    async def _kill_if_lingering(self, inst: Instance) -> None:
+        """A retired instance that ignores SIGTERM for ``stop_grace_s`` is killed: its sessions
+        must not stay with a worker that no longer counts."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(inst.process.wait(), self.settings.stop_grace_s)
+        if inst.alive:
+            log.warning("retired instance ignored SIGTERM; killing", instance=inst.instance_id, pid=inst.pid)
+            self._signal(inst, signal.SIGKILL)
+
     def _on_event(self, event: ev.Event) -> None:
         """A verdict about one of our live processes: kill it; ``_watch`` restarts it."""
         if not isinstance(event, ev.InstanceVerdict) or event.host != self.host or self.stopping:
@@ -285,6 +294,7 @@ class ProcessSupervisor:
                              sessions=sessions, lag=lag, retiring=inst.instance_id)
                     inst.retiring = True
                     self._signal(inst, signal.SIGTERM)
+                    self._task(self._kill_if_lingering(inst), f"retire-{inst.instance_id}")
         else:
             self._low_since = None
         return target
