@@ -97,7 +97,7 @@ def timeline(forwards: Sequence[ForwardRecord], colours: dict[str, Any], title: 
         ax.set_xlim(min(f.start_s for f in forwards), max(f.end_s for f in forwards))
     if not forwards:
         _empty(ax, "no forwards recorded in this run")
-    ax.set(title=title, xlabel="seconds since the device started")
+    ax.set(title=title, xlabel="seconds since the run started")
     handles = [Patch(color=colours.get(t, "0.5"), label=t) for t in sorted(bars)]
     if handles:
         ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
