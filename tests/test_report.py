@@ -154,12 +154,19 @@ def test_report_cli_writes_the_page(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from infra.cli import app
+    from infra.logging import configure_logging
 
     (tmp_path / "jobs.json").write_text(json.dumps({"t1": {"job_id": "j", "phase": "completed", "history": [
         {"step": 1.0, "iteration": 0, "mean_return": 1.0, "success_rate": 0.0},
         {"step": 2.0, "iteration": 1, "mean_return": 2.0, "success_rate": 0.5},
         {"step": 3.0, "steps": 4, "train_loss": 0.7}]}}))
-    result = CliRunner().invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
+    try:
+        result = CliRunner().invoke(app, ["report", str(tmp_path), "-o", str(tmp_path / "r.html")])
+        missing = CliRunner().invoke(app, ["report", str(tmp_path / "nope")])
+    finally:
+        # the CLI configures logging onto CliRunner's stream, which is closed after invoke: every
+        # later log line of this test session would raise "I/O operation on closed file"
+        configure_logging("INFO", "json")
     assert result.exit_code == 0, result.output
     assert 'id="plot-return"' in (tmp_path / "r.html").read_text()
-    assert CliRunner().invoke(app, ["report", str(tmp_path / "nope")]).exit_code == 1
+    assert missing.exit_code == 1
