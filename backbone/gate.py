@@ -4,7 +4,9 @@ The inference role (latency-bound) and backbone-train (throughput-bound) share
 the resident backbone. Each takes the gate before a forward; when the device
 frees up, a waiting inference forward always goes first, and training waits
 until no inference is queued. The gate also counts busy seconds per queue,
-the numbers behind the "backbone busy fraction" of the demo's summary.
+the numbers behind the "backbone busy fraction" of the demo's summary, and
+keeps a timeline of every forward (``backbone/timeline.py``: queue, start, end
+and the tenant of each row) for the run report and the benchmarks.
 
 Inference can only go first when a forward ends, so a training forward over
 hundreds of rows would hold the device for seconds while actions wait. With a
@@ -21,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+
+from backbone.timeline import ForwardLog
 
 __all__ = ["DeviceGate"]
 
@@ -42,6 +46,7 @@ class DeviceGate:
         self.busy_s = {q: 0.0 for q in QUEUES}
         self.forwards = {q: 0 for q in QUEUES}
         self.started = time.monotonic()
+        self.timeline = ForwardLog()  # one record per forward: the report's device timeline
 
     def _may_go(self, queue: str) -> bool:
         return not self._busy and (queue == "inference" or self._waiting["inference"] == 0)
@@ -57,9 +62,12 @@ class DeviceGate:
         return max(1, int(self.train_budget_s / max(per_row, 1e-9)))
 
     @contextlib.asynccontextmanager
-    async def use(self, queue: str, rows: int | None = None) -> AsyncIterator[None]:
+    async def use(self, queue: str, rows: int | None = None,
+                  tenants: Sequence[str] = ()) -> AsyncIterator[None]:
         """Hold the device for one forward of ``queue`` ("inference" or "train") over ``rows`` rows
-        (when given, the forward's time per row feeds ``chunk_rows``)."""
+        (when given, the forward's time per row feeds ``chunk_rows``); ``tenants`` (one entry per
+        row, optional) goes into the timeline record of this forward."""
+        rows = rows or len(tenants) or None
         if queue not in QUEUES:
             raise ValueError(f"queue must be one of {QUEUES}, got {queue!r}")
         async with self._changed:
@@ -70,11 +78,13 @@ class DeviceGate:
                 self._waiting[queue] -= 1
             self._busy = True
         began = time.monotonic()
+        start_s = self.timeline.now()
         try:
             yield
         finally:
             took = time.monotonic() - began
             self.busy_s[queue] += took
+            self.timeline.add(queue, start_s, self.timeline.now(), tenants)
             self.forwards[queue] += 1
             if rows:
                 last, now = self.row_s[queue], took / rows

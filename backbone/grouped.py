@@ -76,7 +76,7 @@ async def forward_grouped_on(
                 out = await asyncio.to_thread(backbone.forward, group)
                 busy_s = time.perf_counter() - began
             else:
-                async with gate.use(queue, rows=len(group)):
+                async with gate.use(queue, rows=len(group), tenants=[p.tenant for p in group]):
                     began = time.perf_counter()
                     out = await asyncio.to_thread(backbone.forward, group)
                     busy_s = time.perf_counter() - began  # inside the gate: never more than it counts

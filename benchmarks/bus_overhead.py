@@ -1,6 +1,7 @@
 """What the event bus costs, measured against doing without it, in the same run.
 
-    python benchmarks/bus_overhead.py [--n 300] [--json PATH]
+    python -m benchmarks.bus_overhead [--n 300] [--json PATH] [--tasks T ...] [--inflight 8]
+                                      [--backbone PRESET] [--skip-payloads]
 
 For three payloads (a Heartbeat, an Observation with a 64x64 RGB image, a
 FeatureBatch of 8x64x256 float32 features):
@@ -11,8 +12,13 @@ FeatureBatch of 8x64x256 float32 features):
   consumer receives) vs handing the same object over an in-process asyncio.Queue;
 * throughput: N events produced in a burst and consumed back, events/s and MB/s.
 
+Then, per task (``benchmarks/bus_roundtrip.py``): the observation -> action
+round trip through Kafka against an in-process call (p50/p99, actions/s with
+several sessions in flight), and the bus's share of an RL step (env step +
+backbone forward + round trip).
+
 Starts the local broker from settings if it is not running (``joynexus broker up``).
-Prints a markdown table with ratios; ``--json`` writes the rows.
+Prints markdown tables with ratios; ``--json`` writes {"payloads": [...], "round_trip": [...]}.
 """
 
 from __future__ import annotations
@@ -152,14 +158,17 @@ async def kafka_latency_and_throughput(settings: Settings, event: ev.Event, n: i
     return latency_ms, p99_ms, rate, rate * len(codec.encode(event)) / 2**20
 
 
-async def main(n: int, json_path: Path | None) -> None:
+async def main(args: argparse.Namespace) -> dict:
+    from benchmarks import bus_roundtrip
+
+    n, json_path = args.n, args.json
     settings = Settings()
     configure_logging("WARNING", settings.log_format)
     if settings.bootstrap_servers is None:  # no external broker named: use the local one
         await asyncio.to_thread(LocalBroker(settings).up)
     rows = []
     with Progress(transient=True) as progress:
-        for name, (event, arrays) in payloads().items():
+        for name, (event, arrays) in ({} if args.skip_payloads else payloads()).items():
             avro_us, raw_us, size = codec_cost(event, arrays, repeats=max(50, n))
             queue_ms = await queue_latency(event, n)
             kafka_ms, kafka_p99, rate, mbps = await kafka_latency_and_throughput(
@@ -169,22 +178,36 @@ async def main(n: int, json_path: Path | None) -> None:
                          "kafka_p99_ms": kafka_p99, "queue_ms": queue_ms,
                          "latency_ratio": kafka_ms / queue_ms, "events_per_s": rate, "mib_per_s": mbps,
                          "compression": settings.compression_type})
-    print("| payload | wire bytes | codec us | raw us | codec/raw | kafka p50 ms | kafka p99 ms "
-          "| queue ms | kafka/queue | burst events/s | MiB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['payload']} | {r['bytes']} | {r['codec_us']:.1f} | {r['raw_us']:.1f} | "
-              f"{r['codec_ratio']:.1f}x | {r['kafka_ms']:.2f} | {r['kafka_p99_ms']:.2f} | "
-              f"{r['queue_ms']:.4f} | {r['latency_ratio']:.0f}x | {r['events_per_s']:.0f} | "
-              f"{r['mib_per_s']:.1f} |")
+    if rows:
+        print("| payload | wire bytes | codec us | raw us | codec/raw | kafka p50 ms | kafka p99 ms "
+              "| queue ms | kafka/queue | burst events/s | MiB/s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['payload']} | {r['bytes']} | {r['codec_us']:.1f} | {r['raw_us']:.1f} | "
+                  f"{r['codec_ratio']:.1f}x | {r['kafka_ms']:.2f} | {r['kafka_p99_ms']:.2f} | "
+                  f"{r['queue_ms']:.4f} | {r['latency_ratio']:.0f}x | {r['events_per_s']:.0f} | "
+                  f"{r['mib_per_s']:.1f} |")
+    trips = await bus_roundtrip.run(settings, args.tasks, args.n, args.inflight, args.backbone)
+    print("\nobservation -> action round trip, and the bus's share of an RL step\n")
+    print(bus_roundtrip.markdown(trips, args.inflight))
+    result = {"payloads": rows, "round_trip": [t.as_dict() for t in trips]}
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(rows, indent=2))
+        json_path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=300, help="events (and round-trip steps) per measurement")
+    parser.add_argument("--json", type=Path, default=None, help="write rows as JSON here")
+    parser.add_argument("--tasks", nargs="+", default=["joynexus/Reach-v0", "PushCube-v1"])
+    parser.add_argument("--inflight", type=int, default=8, help="sessions stepping at once (round trip)")
+    parser.add_argument("--backbone", default=None,
+                        help="preset of the RL step's forward (default: settings)")
+    parser.add_argument("--skip-payloads", action="store_true", help="only the round trip")
+    return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=300, help="events per measurement")
-    parser.add_argument("--json", type=Path, default=None, help="write rows as JSON here")
-    args = parser.parse_args()
-    asyncio.run(main(args.n, args.json))
+    asyncio.run(main(parse()))

@@ -2,6 +2,7 @@
 
     python benchmarks/group_batching.py [--preset tiny] [--device auto] [--json PATH]
                                         [--repeats 7] [--threads N]
+                                        [--tenants 1 2 4 8] [--local-batch 1 2 4 8]
 
 Grid: tenants {1, 2, 4, 8} x local batch {1, 2, 4, 8}. "separate" runs each
 tenant's local batch as its own forward, one tenant after another (what
@@ -58,6 +59,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1: a role shares the cores with others)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--tenants", type=int, nargs="+", default=list(TENANTS))
+    parser.add_argument("--local-batch", type=int, nargs="+", default=list(LOCAL_BATCH))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,9 +77,10 @@ def main() -> None:
 
     rows = []
     with Progress(transient=True) as progress:
-        task = progress.add_task(f"{args.preset} on {backbone.device}", total=16)
-        for tenants in TENANTS:
-            for local in LOCAL_BATCH:
+        task = progress.add_task(f"{args.preset} on {backbone.device}",
+                                 total=len(args.tenants) * len(args.local_batch))
+        for tenants in args.tenants:
+            for local in args.local_batch:
                 per_tenant = [[backbone.prepare(request(t)) for _ in range(local)] for t in range(tenants)]
                 everyone = [p for batch in per_tenant for p in batch]
                 separate = _time(lambda pt=per_tenant: [backbone.forward(b) for b in pt],

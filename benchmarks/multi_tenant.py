@@ -1,106 +1,304 @@
-"""Multi-tenant vs isolated: the paper's headline, measured on this machine.
+"""Multi-tenant vs isolated: the paper's headline, measured on this machine, baseline in the same run.
 
-The same four jobs (the demo's scenario: PPO on Reach twice, PPO on ManiSkill
-PushCube, SFT on a Reach dataset) run through the same service twice, in the
-same process and on the same broker:
+    python -m benchmarks.multi_tenant [--repeats 3] [--scenario quick|full|smoke]
+                                      [--no-maniskill | --builtin-third]
+                                      [--json PATH] [--run-dir DIR]
 
-* isolated: one job after another, each alone on the backbone (what a tenant
-  renting its own device would get, minus the model loading);
-* shared: all four at once, grouped into shared backbone forwards.
+The same fixed work per tenant (the demo's jobs: PPO on Reach twice, PPO on
+ManiSkill PushCube, SFT on a Reach dataset; ``smoke`` is a seconds-long
+shrink of it for tests and ``gpu.sh --dry-run``) runs through the same service
+in two modes:
 
-Printed per mode: wall time, backbone device-busy seconds (inference and
-training queues, from the device gate), forwards, and the ratios
-shared/isolated. Each tenant's final parameters are also compared between
-the two modes (they must be bit-identical: the no-chaos claim).
+* isolated: one tenant after another, each alone on the service (what renting a
+  device per tenant gives, minus the model loading);
+* shared: all tenants at once, grouped into shared backbone forwards.
 
-    python -m benchmarks.multi_tenant [--full] [--no-maniskill]
+First a warm-up (the scenario once, shared, not counted: it pays the one-off
+costs such as importing ManiSkill and building the backbone), then ``--repeats``
+rounds, alternating the order (isolated first, then shared first, ...). Every
+run uses fresh tenant ids. Per run: makespan, device time held, busy seconds
+and busy fractions per queue (from the device gate), forwards. Printed: medians
+with min-max spread, and shared/isolated ratios of the medians. Every tenant's
+final parameters are compared across ALL runs (both modes, every repeat): they
+must be bit-identical.
+
+What "device time" means here: roles run in ONE process (``--deployment
+in-process``, the only one so far), so the "device" is the gate of that
+process and the device time held is the mode's makespan (isolated: the sum of
+the tenants' runs, as if each rented the device for its own run). On this CPU
+machine a forward's wall time includes waiting for the cores (and the GIL) the
+simulators use; see README "Results" for what that does to busy fractions.
+
+Outputs: a table on stdout; ``--json`` (and ``RUN_DIR/multi_tenant.json``):
+{scenario, repeats, runs: [...], medians, spread, ratios, bit_identical};
+``RUN_DIR/comparison.json`` (``joynexus.comparison.v1``, for the report),
+``jobs.json`` and ``forwards.json`` of the last shared run, ``report.html``, and
+``traces.json`` (every counted run's forwards and per-tenant job spans, the
+input of ``benchmarks/projection.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
+import json
+import statistics
 import time
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from backbone.timeline import ForwardLog, ForwardRecord
 from infra.runtime.demo import ensure_dataset, scenario
 from infra.settings import Settings
 
+MODES = ("isolated", "shared")
+METRICS = ("makespan_s", "device_time_s", "busy_train_s", "busy_inference_s", "busy_total_s",
+           "busy_fraction_train", "busy_fraction_inference", "busy_fraction_total",
+           "forwards_train", "forwards_inference")
 
-async def _run(service, client, specs: list[dict], together: bool) -> float:
-    began = time.monotonic()
+
+def bench_scenario(name: str, dataset: Path, maniskill: bool,
+                   builtin_third: bool = False) -> list[dict[str, Any]]:
+    """The demo's job specs (``quick`` or ``full``), or ``smoke``: the quick ones shrunk to seconds.
+    ``builtin_third``: the third RL tenant on the built-in Push task instead of ManiSkill PushCube
+    (still 3 RL + 1 SFT, without ManiSkill's 20-40 ms renders and its start-up)."""
+    specs = scenario(name != "full", dataset, maniskill and not builtin_third)
+    if builtin_third:
+        reach = next(s for s in specs if s["kind"] == "rl")
+        specs.append({**copy.deepcopy(reach), "tenant": "push", "seed": 4,
+                      "env": {**reach["env"], "env_id": "joynexus/Push-v0"}})
+    if name != "smoke":
+        return specs
+    specs = copy.deepcopy(specs)
+    for spec in specs:
+        if spec["kind"] == "rl":
+            spec["env"]["max_episode_steps"] = 8
+            spec["rl"].update(iterations=1, episodes_per_iteration=2, minibatch_size=8, ppo_epochs=1)
+        else:
+            spec["sft"].update(epochs=1, publish_every=5)
+    return specs
+
+
+class InProcessDevice:
+    """The device as seen by the benchmark when every role runs in this process: the service's gate.
+
+    Seam for the processes deployment (roles as OS processes, the device host pinned to its own
+    core): a class with the same three methods, reading the device host's busy seconds and
+    timeline (e.g. from its heartbeats or a stats file it writes) instead of a local gate.
+    """
+
+    def __init__(self, service) -> None:
+        self.gate = service.gate
+
+    def snapshot(self) -> dict[str, float]:
+        return {"busy_inference_s": self.gate.busy_s["inference"], "busy_train_s": self.gate.busy_s["train"],
+                "forwards_inference": float(self.gate.forwards["inference"]),
+                "forwards_train": float(self.gate.forwards["train"]), "clock_s": self.gate.timeline.now()}
+
+    def timeline_since(self, start_s: float):
+        return self.gate.timeline.since(start_s)
+
+    def clock(self) -> float:
+        """Now, on the clock of the timeline's records."""
+        return self.gate.timeline.now()
+
+
+async def _follow(client, specs: list[dict], together: bool, clock) -> tuple[list, list]:
+    """The jobs' final states, and each job's (submitted, completed) on the device's ``clock``."""
+    spans: list[list[float]] = [[0.0, 0.0] for _ in specs]
+
+    async def one(i: int, handle):
+        state = await client.follow(handle, timeout_s=3600)
+        spans[i][1] = clock()
+        return state
+
     if together:
-        handles = [await client.submit(spec) for spec in specs]
-        states = await asyncio.gather(*(client.follow(h, timeout_s=3600) for h in handles))
+        handles = []
+        for i, spec in enumerate(specs):
+            spans[i][0] = clock()
+            handles.append(await client.submit(spec))
+        states = await asyncio.gather(*(one(i, h) for i, h in enumerate(handles)))
     else:
         states = []
-        for spec in specs:
-            states.append(await client.follow(await client.submit(spec), timeout_s=3600))
+        for i, spec in enumerate(specs):
+            spans[i][0] = clock()
+            states.append(await one(i, await client.submit(spec)))
     bad = [(s.tenant, s.phase, s.reason) for s in states if s.phase != "completed"]
     if bad:
         raise RuntimeError(f"jobs did not complete: {bad}")
-    return time.monotonic() - began
+    return states, spans
 
 
-def _gate_snapshot(gate) -> dict[str, float]:
-    return {"busy_inference": gate.busy_s["inference"], "busy_train": gate.busy_s["train"],
-            "forwards_inference": float(gate.forwards["inference"]),
-            "forwards_train": float(gate.forwards["train"])}
+async def run_mode(device, client, base: list[dict], mode: str, label: str) -> dict[str, Any]:
+    specs = [{**s, "tenant": f"{s['tenant']}-{label}", "job_id": "bench"} for s in base]
+    before = device.snapshot()
+    began = time.monotonic()
+    states, spans = await _follow(client, specs, mode == "shared", device.clock)
+    makespan = time.monotonic() - began
+    after = device.snapshot()
+    run = {k: after[k] - before[k] for k in after if k != "clock_s"}
+    run |= {"mode": mode, "makespan_s": makespan, "device_time_s": makespan,
+            "busy_total_s": run["busy_train_s"] + run["busy_inference_s"]}
+    for q in ("train", "inference", "total"):
+        run[f"busy_fraction_{q}"] = run[f"busy_{q}_s"] / makespan
+    run["tenants"] = [s["tenant"] for s in specs]
+    run["kinds"] = [s["kind"] for s in specs]
+    run["spans"] = spans  # per tenant: (submitted, completed) on the timeline's clock
+    run["_states"] = states
+    run["_forwards"] = device.timeline_since(before["clock_s"])
+    return run
 
 
-async def main(full: bool, maniskill: bool) -> None:
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    medians, spread = {}, {}
+    for mode in MODES:
+        rows = [r for r in runs if r["mode"] == mode]
+        medians[mode] = {m: statistics.median(r[m] for r in rows) for m in METRICS}
+        spread[mode] = {m: [min(r[m] for r in rows), max(r[m] for r in rows)] for m in METRICS}
+    ratios = {m: (medians["shared"][m] / medians["isolated"][m]) if medians["isolated"][m] else None
+              for m in METRICS}
+    return {"medians": medians, "spread": spread, "ratios": ratios,
+            "device_time_saving": 1 - ratios["device_time_s"]}
+
+
+def bit_identical(store, runs: list[dict[str, Any]]) -> list[bool]:
+    """Per tenant (scenario position): its final parameters equal in every run, both modes."""
+    reference = [store.load(t).state.model for t in runs[0]["tenants"]]
+    same = [True] * len(reference)
+    for run in runs[1:]:
+        for i, tenant in enumerate(run["tenants"]):
+            model = store.load(tenant).state.model
+            same[i] &= model.keys() == reference[i].keys() and all(
+                torch.equal(model[k], reference[i][k]) for k in model)
+    return same
+
+
+def print_table(console: Console, result: dict[str, Any], title: str) -> None:
+    table = Table("metric", "isolated median [min-max]", "shared median [min-max]", "shared / isolated",
+                  title=title)
+    for m in METRICS:
+        cells = []
+        for mode in MODES:
+            lo, hi = result["spread"][mode][m]
+            digits = 3 if m.startswith("busy_fraction") else 2
+            cells.append(f"{result['medians'][mode][m]:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]")
+        ratio = result["ratios"][m]
+        table.add_row(m, *cells, "-" if ratio is None else f"{ratio:.3f}")
+    console.print(table)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
     from consumers.service import Service
     from infra.broker import LocalBroker
     from infra.runtime.host import RoleHost
+    from infra.runtime.report import COMPARISON_FORMAT, write_report
+    from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 
+    if args.deployment != "in-process":
+        raise SystemExit("--deployment processes needs the roles-as-processes supervisor (not merged yet)")
     settings = Settings()
-    console = Console()
-    await asyncio.to_thread(LocalBroker(settings).up)
-    dataset = await asyncio.to_thread(ensure_dataset, settings, not full)
+    console = Console() if Console().is_terminal else Console(width=160)  # piped: keep the table wide
+    if settings.bootstrap_servers is None:
+        await asyncio.to_thread(LocalBroker(settings).up)
+    dataset = await asyncio.to_thread(ensure_dataset, settings, args.scenario != "full")
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
-    base = scenario(not full, dataset, maniskill)
-    modes = {}
+    run_dir = args.run_dir or settings.run_dir / f"multi-tenant-{tag}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base = bench_scenario(args.scenario, dataset, not args.no_maniskill, args.builtin_third)
+    order = [("isolated", "shared") if r % 2 == 0 else ("shared", "isolated") for r in range(args.repeats)]
+    labels = [f"w{tag}"] + [f"{mode[0]}{r}{tag}" for r, modes in enumerate(order) for mode in modes]
+    async with TopicAdmin(settings) as admin:  # up front: a new tenant's topics make every
+        await admin.ensure_shared()  # pattern-subscribed group rebalance, which is not the work measured
+        for label in labels:
+            for spec in base:
+                await admin.ensure_tenant(f"{spec['tenant']}-{label}")
+    runs: list[dict[str, Any]] = []
     service = await Service.open(settings)
     try:
-        roles = RoleHost(service.settings, service=service)
+        roles = RoleHost(service.settings, service=service)  # every role in this process
         async with roles, Client(settings, requested_by="benchmark") as client:
-            for mode in ("isolated", "shared"):
-                specs = [{**s, "tenant": f"{s['tenant']}-{mode[:3]}{tag}", "job_id": "bench"} for s in base]
-                before = _gate_snapshot(service.gate)
-                wall = await _run(service, client, specs, together=mode == "shared")
-                after = _gate_snapshot(service.gate)
-                modes[mode] = {"wall_s": wall, **{k: after[k] - before[k] for k in after}}
-                modes[mode]["tenants"] = [s["tenant"] for s in specs]
+            device = InProcessDevice(service)
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=console) as progress:
+                bar = progress.add_task("warm-up (not counted)", total=1 + 2 * args.repeats)
+                await run_mode(device, client, base, "shared", f"w{tag}")
+                progress.advance(bar)
+                for r, modes in enumerate(order):
+                    for mode in modes:
+                        progress.update(bar, description=f"repeat {r + 1}/{args.repeats}: {mode}")
+                        run = await run_mode(device, client, base, mode, f"{mode[0]}{r}{tag}")
+                        run["repeat"], run["order"] = r, "-".join(modes)
+                        runs.append(run)
+                        progress.advance(bar)
+            same = bit_identical(service.store, runs)
     finally:
         await service.close()
-    iso, sha = modes["isolated"], modes["shared"]
-    table = Table("metric", "isolated (one by one)", "shared (all at once)", "shared / isolated",
-                  title=f"multi-tenant vs isolated, {len(base)} tenants, backbone {settings.backbone}")
-    for key in ("wall_s", "busy_inference", "busy_train", "forwards_inference", "forwards_train"):
-        ratio = sha[key] / iso[key] if iso[key] else float("nan")
-        table.add_row(key, f"{iso[key]:.2f}", f"{sha[key]:.2f}", f"{ratio:.3f}")
-    busy_iso = iso["busy_inference"] + iso["busy_train"]
-    busy_sha = sha["busy_inference"] + sha["busy_train"]
-    table.add_row("busy_total_s", f"{busy_iso:.2f}", f"{busy_sha:.2f}", f"{busy_sha / busy_iso:.3f}")
-    fractions = busy_iso / iso["wall_s"], busy_sha / sha["wall_s"]
-    table.add_row("busy fraction of wall", f"{fractions[0]:.3f}", f"{fractions[1]:.3f}", "")
-    console.print(table)
-    store = service.store
-    same = []
-    for a, b in zip(iso["tenants"], sha["tenants"], strict=True):
-        ma, mb = store.load(a).state.model, store.load(b).state.model
-        same.append(all(torch.equal(ma[k], mb[k]) for k in ma))
-    console.print(f"final parameters bit-identical isolated vs shared: {sum(same)}/{len(same)} tenants")
+    result = {"scenario": args.scenario, "tenants": len(base), "backbone": settings.backbone,
+              "repeats": args.repeats, "deployment": args.deployment, **summarise(runs),
+              "bit_identical": same,
+              "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
+    print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "
+                f"backbone {settings.backbone}, scenario {args.scenario}, "
+                f"{args.repeats} repeats (alternating order), warm-up first")
+    console.print(f"device time saved by sharing: {result['device_time_saving']:.1%} "
+                  f"(paper: 28.3%, target: >= 40%)")
+    fractions = result["medians"]
+    for q, paper in (("train", "20.8% -> 41.3%, 1.99x"), ("inference", "28.1% -> 37.5%, 1.33x")):
+        iso, sha = fractions["isolated"][f"busy_fraction_{q}"], fractions["shared"][f"busy_fraction_{q}"]
+        console.print(f"busy fraction {q}: {iso:.1%} -> {sha:.1%}, {sha / iso if iso else float('nan'):.2f}x "
+                      f"(paper: {paper})")
+    console.print(f"final parameters bit-identical across all {len(runs)} runs: "
+                  f"{sum(same)}/{len(same)} tenants")
+
+    last_shared = [r for r in runs if r["mode"] == "shared"][-1]
+    (run_dir / "multi_tenant.json").write_text(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    (run_dir / "comparison.json").write_text(json.dumps({
+        "format": COMPARISON_FORMAT, "modes": result["medians"],
+        "note": f"medians of {args.repeats} alternating repeats after a warm-up "
+                f"(benchmarks/multi_tenant.py, scenario {args.scenario}, roles in one process)"}, indent=2))
+    jobs = {s.tenant: {"job_id": s.job_id, "phase": s.phase, "history": s.history}
+            for s in last_shared["_states"]}
+    (run_dir / "jobs.json").write_text(json.dumps(jobs, indent=2, default=str))
+    forwards = last_shared["_forwards"]
+    origin = min((f.start_s for f in forwards), default=0.0)  # the report's clock starts with the run
+    ForwardLog().dump(run_dir / "forwards.json", [
+        ForwardRecord(f.queue, f.start_s - origin, f.end_s - origin, f.tenants) for f in forwards])
+    # every counted run's forwards and job spans, for the projection model (benchmarks/projection.py)
+    (run_dir / "traces.json").write_text(json.dumps([
+        {"mode": r["mode"], "repeat": r["repeat"], "tenants": r["tenants"], "kinds": r["kinds"],
+         "spans": r["spans"], "makespan_s": r["makespan_s"],
+         "forwards": ForwardLog().to_json(r["_forwards"])} for r in runs]))
+    console.print(f"run directory: {run_dir} (multi_tenant.json, report.html: {write_report(run_dir).name})")
+    return result
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds of (isolated, shared), alternating which goes first")
+    parser.add_argument("--scenario", choices=("smoke", "quick", "full"), default="quick")
+    parser.add_argument("--no-maniskill", action="store_true", help="drop the ManiSkill tenant")
+    parser.add_argument("--builtin-third", action="store_true",
+                        help="the third RL tenant on the built-in Push task instead of ManiSkill PushCube")
+    parser.add_argument("--deployment", choices=("in-process", "processes"), default="in-process")
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--run-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be >= 1")
+    return args
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--full", action="store_true", help="the full-size demo scenario (slow)")
-    parser.add_argument("--no-maniskill", action="store_true")
-    args = parser.parse_args()
-    asyncio.run(main(args.full, not args.no_maniskill))
+    asyncio.run(main(parse()))

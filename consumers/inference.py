@@ -36,6 +36,7 @@ import torch
 from aiokafka.structs import ConsumerRecord
 
 from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
+from backbone.timeline import JSONL_SUFFIX
 from consumers.bus.loop import bind_record, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
@@ -55,6 +56,7 @@ __all__ = ["InferenceRole", "action_generator"]
 
 log = get_logger("consumers.inference")
 GROUP = "inference"
+TIMELINE_EXPORT_S = 2.0  # how often the device timeline is appended to its file (run reports read it)
 
 
 def action_generator(action_seed: int, episode_seed: int | str, step: int) -> torch.Generator:
@@ -74,6 +76,7 @@ class InferenceRole:
         self.service = service
         settings = self.settings = service.settings
         self.instance = instance
+        self._next_export = 0.0
         self.codec = Codec()
         self.consumer = make_consumer(
             settings, GROUP, pattern=tenant_stream_pattern(settings, "observations")
@@ -149,6 +152,7 @@ class InferenceRole:
         await self.consumer.start()
 
     async def stop(self) -> None:
+        self._export_timeline()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -158,10 +162,22 @@ class InferenceRole:
         for follower in self._followers:
             await follower.stop()
 
+    def _export_timeline(self) -> None:
+        """The device gate's new forwards into this instance's timeline file, where a run report in
+        another process finds them (``backbone/timeline.py``; this role already reports the gate)."""
+        self._next_export = time.monotonic() + TIMELINE_EXPORT_S
+        try:
+            self.service.gate.timeline.export_jsonl(
+                self.settings.timeline_dir / f"{self.instance}{JSONL_SUFFIX}")
+        except OSError as exc:  # the report loses a stretch of timeline; the service loses nothing
+            log.warning("timeline export failed", error=str(exc)[:200])
+
     async def run(self, stop: asyncio.Event) -> None:
         metering = asyncio.create_task(self._usage_loop(stop), name="inference-usage")
         try:
             while not stop.is_set():
+                if time.monotonic() >= self._next_export:
+                    self._export_timeline()
                 batches = await self.consumer.getmany(timeout_ms=100)
                 for records in batches.values():
                     for record in records:

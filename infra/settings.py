@@ -213,6 +213,11 @@ class Settings(BaseSettings):
         return (self.datasets_dir or self.home / "datasets").expanduser().resolve()
 
     @property
+    def timeline_dir(self) -> Path:
+        """Where device hosts append their forward timelines (backbone/timeline.py) for run reports."""
+        return self.home / "timelines"
+
+    @property
     def run_dir(self) -> Path:
         """Where `joynexus demo` writes its runs (metrics, plots)."""
         return self.home / "runs"

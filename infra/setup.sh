@@ -43,6 +43,17 @@ if ! dpkg --compare-versions "${mesa_version:-0}" ge 25 || ! dpkg-query -W libos
   fi
 fi
 
+# The run report (`joynexus report`) is one self-contained HTML page; its test renders it in
+# headless Chromium (Debian's package) and skips, saying so, only when no chromium is installed.
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null
+  else
+    echo "the report's render test needs Debian's chromium; install it as root (see README)" >&2
+  fi
+fi
+
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi

@@ -43,16 +43,26 @@ RNG_KEY = "rng.generator"
 
 @dataclass(frozen=True)
 class SlotMemory:
-    """Bytes a slot holds: parameters (frozen suffix base included), allocated gradients, optimizer state."""
+    """Bytes a slot holds: parameters (frozen suffix base included), allocated gradients, optimizer state.
+
+    ``shared_param_bytes`` is the part of ``param_bytes`` that is the process's shared suffix base
+    (``tenants/shared_base.py``): paid once per process, not per tenant; ``own_bytes`` is the rest.
+    """
 
     param_bytes: int
     trainable_param_bytes: int
     grad_bytes: int
     optimizer_bytes: int
+    shared_param_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         return self.param_bytes + self.grad_bytes + self.optimizer_bytes
+
+    @property
+    def own_bytes(self) -> int:
+        """What one more tenant with this slot costs once the shared base exists."""
+        return self.total_bytes - self.shared_param_bytes
 
 
 @dataclass(frozen=True)
@@ -176,12 +186,15 @@ class TenantSlot:
 
     def memory(self) -> SlotMemory:
         params = list(self.policy.parameters())
+        shared = dict(self.policy.named_parameters())
+        shared_bytes = sum(_nbytes(shared[n]) for n in self.policy.shared_parameter_names() if n in shared)
         return SlotMemory(
             param_bytes=sum(_nbytes(p) for p in params),
             trainable_param_bytes=sum(_nbytes(p) for p in params if p.requires_grad),
             grad_bytes=sum(_nbytes(p.grad) for p in params if p.grad is not None),
             optimizer_bytes=sum(_nbytes(v) for s in self.optimizer.state.values() for v in s.values()
                                 if isinstance(v, torch.Tensor)),
+            shared_param_bytes=shared_bytes,
         )
 
     def state(self) -> SlotState:

@@ -41,3 +41,10 @@ def test_the_benchmark_prints_and_writes_rows_for_the_small_preset(tmp_path: Pat
     assert lora[0].trainable_params < lora[1].trainable_params < lora[2].trainable_params
     assert len({r.frozen_params for r in lora}) == 1 and lora[0].frozen_params > 0
     assert by_slot["chunk head 256"].frozen_params == 0
+    # the suffix's frozen base is the process's shared copy: an extra tenant pays only the rest
+    for row in rows:
+        assert row.shared_base_bytes == 4 * row.frozen_params
+        assert row.extra_tenant_bytes == row.slot_bytes - row.shared_base_bytes
+        assert row.device == "cpu" and row.device_resident_bytes is None  # measured only on CUDA
+    assert all(r.extra_tenant_bytes < r.slot_bytes / 2 for r in lora)
+    assert "one more tenant with suffix LoRA r16" in table

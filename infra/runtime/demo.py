@@ -150,6 +150,11 @@ async def run_demo(
     summary = _summary(specs, states, evals, service_stats)
     _write_run(run_dir, summary, states)
     _print_summary(console, summary, run_dir)
+    # --- run report (issue 13): the device host's timeline since the start, then report.html ----
+    from infra.runtime.report import write_run_report
+
+    since = time.time() - (time.monotonic() - began)
+    console.print(f"report: {write_run_report(run_dir, settings.timeline_dir, since)}")
     return summary
 
 

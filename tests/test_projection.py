@@ -1,0 +1,91 @@
+"""The projection model: hand-checkable cases (the numbers below are worked out by hand in the
+comments), the chain extraction from a trace, and the duration models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import projection as pj
+
+
+def _trace(mode: str, tenants: list[str], spans, forwards) -> dict:
+    return {"mode": mode, "repeat": 0, "tenants": tenants, "kinds": ["rl"] * len(tenants), "spans": spans,
+            "makespan_s": max(e for _, e in spans) - min(s for s, _ in spans),
+            "forwards": {"format": "joynexus.forwards.v1", "forwards": forwards}}
+
+
+def test_chains_are_the_gaps_between_a_tenants_forwards() -> None:
+    run = _trace("isolated", ["a", "b"], [[0.0, 4.0], [4.0, 6.0]], [
+        ["inference", 1.0, 1.5, ["a"]], ["train", 2.5, 3.0, ["a", "a"]], ["inference", 5.0, 5.25, ["b"]]])
+    a, b = pj.chains_of(run)
+    assert a.items == (pj.Item("inference", 1, 1.0), pj.Item("train", 2, 1.0)) and a.tail_s == 1.0
+    assert b.items == (pj.Item("inference", 1, 1.0),) and b.tail_s == 0.75
+
+
+def test_two_tenants_fill_each_others_gaps_and_share_forwards() -> None:
+    # each: gap 1, forward 0.5, gap 1, forward 0.5, tail 1 -> alone 4 s; one after another 8 s
+    chain = (pj.Item("inference", 1, 1.0), pj.Item("inference", 1, 1.0))
+    chains = [pj.Chain("a", chain, 1.0), pj.Chain("b", chain, 1.0)]
+    half = pj.assumed_duration(500.0, 0.0)
+    iso = pj.isolated(chains, half)
+    assert iso["device_time_s"] == pytest.approx(8.0)
+    assert iso["busy_fraction_inference"] == pytest.approx(0.25)
+    # together: both ready at 1.0, one forward of 2 rows (0.5 s), both ready at 2.5, one more, tails: 4 s
+    sha = pj.shared(chains, half)
+    assert sha["device_time_s"] == pytest.approx(4.0) and sha["forwards"] == 2
+    assert sha["busy_inference_s"] == pytest.approx(1.0)
+
+
+def test_host_slots_serialise_the_host_gaps() -> None:
+    # two tenants, each: gap 1, forward 0.1, tail 0; one host slot: gaps 0-1 and 1-2
+    chains = [pj.Chain(t, (pj.Item("train", 1, 1.0),), 0.0) for t in "ab"]
+    tenth = pj.assumed_duration(100.0, 0.0)
+    assert pj.shared(chains, tenth)["device_time_s"] == pytest.approx(1.1)  # one forward for both
+    assert pj.shared(chains, tenth, host_slots=1)["device_time_s"] == pytest.approx(2.1)
+
+
+def test_one_device_serialises_and_inference_goes_first() -> None:
+    # a: train item ready at 0; b: inference ready at 0 -> inference runs 0-1, then train 1-2
+    train = pj.Chain("a", (pj.Item("train", 4, 0.0),), 0.0)
+    chains = [train, pj.Chain("b", (pj.Item("inference", 1, 0.0),), 0.0)]
+    one_second = pj.assumed_duration(1000.0, 0.0)
+    sha = pj.shared(chains, one_second, window_s=0.0)
+    assert sha["device_time_s"] == pytest.approx(2.0) and sha["busy_train_s"] == pytest.approx(1.0)
+    # b alone later: its request waits for the device and its tail starts after
+    chains = [train, pj.Chain("b", (pj.Item("inference", 1, 0.5),), 3.0)]
+    assert pj.shared(chains, one_second, window_s=0.0)["device_time_s"] == pytest.approx(1.0 + 1.0 + 3.0)
+
+
+def test_duration_models(tmp_path) -> None:
+    runs = [_trace("isolated", ["a"], [[0.0, 10.0]], [
+        ["inference", 0.0, 0.003, ["a"]], ["inference", 1.0, 1.005, ["a", "a"]],
+        ["train", 2.0, 2.1, ["a"] * 10], ["train", 3.0, 3.3, ["a"] * 30]])]
+    fit = pj.cpu_duration(runs)
+    assert fit("inference", 1) == pytest.approx(0.003) and fit("inference", 3) == pytest.approx(0.007)
+    assert fit("train", 20) == pytest.approx(0.2)
+    table = tmp_path / "gb.json"
+    table.write_text(json.dumps([{"tenants": t, "local_batch": b, "grouped_s": 0.01 * t * b + 0.01}
+                                 for t in (1, 2) for b in (1, 2)]))
+    gpu = pj.table_duration(table)
+    assert gpu("train", 3) == pytest.approx(0.04) and gpu("train", 8) == pytest.approx(0.09)  # extrapolated
+
+
+def test_main_prints_the_projection_label_and_the_cpu_miss(tmp_path, capsys) -> None:
+    iso = _trace("isolated", ["a", "b"], [[0.0, 4.0], [4.0, 8.0]], [
+        ["inference", 1.0, 1.5, ["a"]], ["inference", 2.0, 2.5, ["a"]],
+        ["inference", 5.0, 5.5, ["b"]], ["inference", 6.0, 6.5, ["b"]]])
+    sha = _trace("shared", ["a", "b"], [[0.0, 4.4], [0.0, 4.4]], [])
+    (tmp_path / "traces.json").write_text(json.dumps([iso, sha]))
+    result = pj.main([str(tmp_path), "--json", str(tmp_path / "p.json")])
+    out = capsys.readouterr().out
+    assert "PROJECTION, not a measurement" in out and "ASSUMED GPU forward times" in out
+    # host unlimited: both ready at 1.0, one forward of 2 rows, both ready at 2.0, one more, tails: 4.0 s
+    assert result["model_cpu_unlimited_host"]["shared"]["device_time_s"] == pytest.approx(4.0)
+    # one host slot (the default): gaps run one at a time (a 0-1, b 1-2, a 2-2.5, b 2.5-3, a's tail
+    # 3-4.5, b's tail 4.5-6): 6.0 s
+    assert result["model_cpu"]["shared"]["device_time_s"] == pytest.approx(6.0)
+    assert result["model_cpu_miss"]["shared"] == pytest.approx(6.0 / 4.4 - 1)
+    assert result["model_cpu_miss"]["shared_unlimited_host"] == pytest.approx(4.0 / 4.4 - 1)
+    assert json.loads((tmp_path / "p.json").read_text())["gpu_source"].startswith("ASSUMED")
