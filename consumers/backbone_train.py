@@ -43,9 +43,9 @@ from consumers.bus.protocols import Workload
 from consumers.bus.transform import PartitionProducers
 from consumers.convert import feature_tensors, gradient_job_requests
 from consumers.service import Service
-from infra.errors import JoynexusError
+from infra.errors import JoynexusError, TenantMismatch
 from infra.logging import get_logger
-from infra.topics import shared_topic, tenant_stream_pattern, tenant_topic
+from infra.topics import check_tenant, shared_topic, tenant_stream_pattern, tenant_topic
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -140,8 +140,9 @@ class BackboneTrainRole:
                     if isinstance(item, _Job):
                         await self._publish(producer, item, tenants)
                     elif item is not None:
+                        stage = "security" if isinstance(item, TenantMismatch) else "process"
                         await publish_dead_letter(producer, self.settings.dlq_topic, record, item,
-                                                  stage="process", attempts=1, group_id=GROUP,
+                                                  stage=stage, attempts=1, group_id=GROUP,
                                                   in_transaction=True)
                 await self._publish_usage(producer, tp, records, items, usage)
                 await producer.send_offsets_to_transaction({tp: records[-1].offset + 1}, GROUP)
@@ -174,6 +175,7 @@ class BackboneTrainRole:
             event = self.codec.decode(record.value)
             if not isinstance(event, ev.GradientJob):
                 raise JoynexusError(f"expected a GradientJob, got {type(event).__name__}")
+            check_tenant(record.topic, event.tenant_id)  # TenantMismatch: a forged envelope
             if self.service.book.stopped(event.tenant_id, event.job_id):
                 log.info("gradient job of a stopped job skipped", tenant=event.tenant_id, job=event.job_id,
                          batch=event.batch_id)

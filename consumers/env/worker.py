@@ -31,10 +31,10 @@ from consumers.bus.loop import make_consumer
 from consumers.bus.protocols import Workload
 from consumers.env.session import SessionPorts, SessionRunner
 from envs.base import Simulator
-from infra.errors import SchemaError
+from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
 from infra.settings import Settings
-from infra.topics import parse_topic, sibling_topic, tenant_stream_pattern, tenant_topic
+from infra.topics import check_tenant, parse_topic, sibling_topic, tenant_stream_pattern, tenant_topic
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -139,6 +139,10 @@ class EnvWorker:
             log.error("undecodable record skipped", topic=tp.topic, partition=tp.partition,
                       offset=record.offset, error=str(exc)[:200])
             return
+        try:
+            check_tenant(tp.topic, event.tenant_id)  # the topic decides whose session this is
+        except TenantMismatch:
+            return  # logged as a security event; a session is never run for a forged envelope
         if stream == "actions" and isinstance(event, ev.Action):
             self._deliver(event)
         elif isinstance(event, ev.EnvSessionRequested):
