@@ -34,7 +34,14 @@ from envs.base import Simulator
 from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
 from infra.settings import Settings
-from infra.topics import check_tenant, parse_topic, sibling_topic, tenant_stream_pattern, tenant_topic
+from infra.topics import (
+    check_tenant,
+    parse_topic,
+    shared_topic,
+    sibling_topic,
+    tenant_stream_pattern,
+    tenant_topic,
+)
 from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
@@ -241,9 +248,21 @@ class EnvWorker:
             async with producer.transaction():
                 for record in records:
                     await producer.enqueue(rollouts, record, key=rollout_key(record.session_id))
+                if records:  # metered in the same transaction: a re-run episode counts once
+                    await producer.enqueue(shared_topic(self.settings, "usage"), self._usage(records),
+                                           key=progress.tenant_id)
                 await producer.enqueue_raw(tp.topic, self.codec.encode(progress),
                                            key=progress_key(progress.session_id), partition=tp.partition)
             self._progress[progress.session_id] = progress
+
+    def _usage(self, records: list[ev.RolloutRecord]) -> ev.UsageRecorded:
+        """An episode's env steps, for metering (steps, not device-seconds: simulators run on hosts)."""
+        first, last = records[0], records[-1]
+        return ev.UsageRecorded(
+            envelope=ev.Envelope(tenant_id=first.tenant_id, producer_id=f"env/{self.worker_id}"),
+            usage_id=f"env/{first.episode_id}", role="env", resource="env.step", device="host",
+            seconds=0.0, window_start=first.envelope.occurred_at, window_end=last.envelope.occurred_at,
+            group_size=1, steps=len(records))
 
     # ------------------------------------------------------------------ rebalance
     async def _assign(self, assigned: set[TopicPartition]) -> None:
