@@ -137,7 +137,8 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
         total_steps += sum(len(steps) for eps in (await episodes_by_session(settings, t)).values()
                            for steps in eps.values())
     metered = [r.event for r in await read_topic(settings, "nexus.usage")
-               if isinstance(r.event, ev.UsageRecorded) and r.event.role == "env" and r.event.tenant_id in tenants]
+               if isinstance(r.event, ev.UsageRecorded) and r.event.role == "env"
+               and r.event.tenant_id in tenants]
     assert sum(u.steps for u in metered) == total_steps  # each committed step metered once
     assert len({u.usage_id for u in metered}) == len(metered)
     beats = [r.event for r in await read_topic(settings, "nexus.health")
