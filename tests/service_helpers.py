@@ -3,7 +3,10 @@ process (one Supervisor running every role), a tenant client, and small readers 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,28 @@ class Stack:
     async def events(self, tenant: str, stream: str) -> list[ev.Event]:
         return [r.event for r in await read_topic(self.settings, tenant_topic(self.settings, tenant, stream))
                 if r.event is not None]
+
+
+@contextlib.asynccontextmanager
+async def running_stack(settings: Settings, model_root: Path, home: Path, *, check_restarts: bool = True,
+                        **overrides: Any) -> AsyncIterator[Stack]:
+    """Every role in this process on the tiny backbone and a fresh home (``overrides`` go into the
+    settings), and a tenant client; with ``check_restarts``, fails if a role crashed meanwhile."""
+    from backbone.model import Backbone
+
+    local = settings.model_copy(update={"backbone": "tiny", "home": home, **overrides})
+    backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
+    service = await Service.open(local, backbone)
+    host = RoleHost(local, service=service)
+    await host.start()
+    try:
+        async with Client(local, requested_by="test") as client:
+            yield Stack(local, service, host, client)
+    finally:
+        await host.stop()
+        await service.close()
+    if check_restarts:
+        assert all(n == 0 for n in host.restarts.values()), f"roles crashed: {host.restarts}"
 
 
 def iteration_returns(state: JobState) -> dict[int, float]:

@@ -16,15 +16,11 @@ import pytest
 import pytest_asyncio
 import safetensors.torch
 
-from backbone.model import Backbone
 from consumers.audit import audit_tenant
-from consumers.service import Service
 from infra.durable import checksummed_json, sha256_hex
-from infra.runtime.host import RoleHost
-from producers.client.sdk import Client
 from producers.dataset.generate import generate_dataset
 from tenants.policy_store import META_FILE, MODEL_FILE, _parse_meta
-from tests.service_helpers import Stack
+from tests.service_helpers import Stack, running_stack
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -32,19 +28,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
     home = tmp_path_factory.mktemp("audit-home")
-    s = settings.model_copy(update={"backbone": "tiny", "home": home})
-    backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
-    service = await Service.open(s, backbone)
-    supervisor = RoleHost(service.settings, service=service)
-    await supervisor.start()
-    client = Client(s, requested_by="test")
-    await client.__aenter__()
-    try:
-        yield Stack(s, service, supervisor, client)
-    finally:
-        await client.__aexit__(None, None, None)
-        await supervisor.stop()
-        await service.close()
+    async with running_stack(settings, model_root, home, check_restarts=False) as s:
+        yield s
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")

@@ -8,44 +8,26 @@ forever and ``follow`` returns), and its sessions are closed."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
 
-from backbone.model import Backbone
-from consumers.service import Service
-from infra.runtime.host import RoleHost
-from producers.client.sdk import Client
 from schemas import events as ev
 from tenants.config import HeadConfig, TenantConfig
 from tenants.policy_store import MODEL_FILE
 from tenants.slot import TenantSlot
 from tests.helpers import wait_for
-from tests.service_helpers import SMALL_ENV, SMALL_RL, Stack
+from tests.service_helpers import SMALL_ENV, SMALL_RL, Stack, running_stack
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
-    home = tmp_path_factory.mktemp("lineage-home")
-    s = settings.model_copy(update={"backbone": "tiny", "home": home})
-    backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
-    service = await Service.open(s, backbone)
-    supervisor = RoleHost(service.settings, service=service)
-    await supervisor.start()
-    client = Client(s, requested_by="test")
-    await client.__aenter__()
-    try:
-        yield Stack(s, service, supervisor, client)
-    finally:
-        await client.__aexit__(None, None, None)
-        await supervisor.stop()
-        await service.close()
-    assert all(n == 0 for n in supervisor.restarts.values()), f"roles crashed: {supervisor.restarts}"
+    async with running_stack(settings, model_root, tmp_path_factory.mktemp("lineage-home")) as s:
+        yield s
 
 
 def eval_spec(tenant: str, job_id: str, version: int) -> dict:

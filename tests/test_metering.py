@@ -20,16 +20,12 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
-from backbone.model import Backbone
 from consumers.metering import app_id, read_usage
-from consumers.service import Service
 from infra.connection import client_options
-from infra.runtime.host import RoleHost
 from infra.topics import shared_topic
-from producers.client.sdk import Client
 from producers.producer import EventProducer
 from tests.helpers import read_topic, wait_for
-from tests.service_helpers import Stack
+from tests.service_helpers import Stack, running_stack
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -76,21 +72,9 @@ def worker(settings, tmp_path_factory) -> Iterator[Worker]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
-    home = tmp_path_factory.mktemp("metered-home")
-    s = settings.model_copy(update={"backbone": "tiny", "home": home, "usage_flush_s": 1.0,
-                                    "metering_window_s": 60})
-    backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
-    service = await Service.open(s, backbone)
-    supervisor = RoleHost(service.settings, service=service)
-    await supervisor.start()
-    client = Client(s, requested_by="test")
-    await client.__aenter__()
-    try:
-        yield Stack(s, service, supervisor, client)
-    finally:
-        await client.__aexit__(None, None, None)
-        await supervisor.stop()
-        await service.close()
+    async with running_stack(settings, model_root, tmp_path_factory.mktemp("metered-home"), usage_flush_s=1.0,
+                             metering_window_s=60, check_restarts=False) as s:
+        yield s
 
 
 def totals(rows, tenants) -> dict[str, dict[str, list[float]]]:

@@ -17,17 +17,14 @@ import pytest
 import pytest_asyncio
 import torch
 
-from backbone.model import Backbone
-from consumers.service import Service
-from infra.runtime.host import RoleHost
 from infra.topics import tenant_topic
-from producers.client.sdk import Client, JobHandle
+from producers.client.sdk import JobHandle
 from producers.dataset.generate import generate_dataset
 from schemas import events as ev
 from schemas.jobstate import JobState
 from schemas.tensors import from_numpy, to_numpy
 from tests.helpers import wait_for
-from tests.service_helpers import SMALL_ENV, Stack, held_out, iteration_returns, tree_digest
+from tests.service_helpers import SMALL_ENV, Stack, held_out, iteration_returns, running_stack, tree_digest
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -35,21 +32,8 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
     """Every role in this process (one RoleHost for the module), the tiny backbone, a fresh store."""
-    home = tmp_path_factory.mktemp("service-home")
-    s = settings.model_copy(update={"backbone": "tiny", "home": home})
-    backbone = await asyncio.to_thread(Backbone.from_preset, "tiny", model_root)
-    service = await Service.open(s, backbone)
-    supervisor = RoleHost(service.settings, service=service)
-    await supervisor.start()
-    client = Client(s, requested_by="test")
-    await client.__aenter__()
-    try:
-        yield Stack(s, service, supervisor, client)
-    finally:
-        await client.__aexit__(None, None, None)
-        await supervisor.stop()
-        await service.close()
-    assert all(n == 0 for n in supervisor.restarts.values()), f"roles crashed: {supervisor.restarts}"
+    async with running_stack(settings, model_root, tmp_path_factory.mktemp("service-home")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
