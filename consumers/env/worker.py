@@ -51,7 +51,7 @@ __all__ = ["EnvWorker", "progress_key"]
 
 log = get_logger("consumers.env.worker")
 GROUP = "env"
-POSITION_TIMEOUT_S = 5.0  # aiokafka's position() waits a whole request timeout (40 s) per partition
+POSITION_WAIT_S = 0.2  # per partition and loop turn; aiokafka's position() alone waits up to 40 s
 
 
 def progress_key(session_id: str) -> str:
@@ -89,10 +89,11 @@ class EnvWorker:
             settings, group_id, pattern=tenant_stream_pattern(settings, "sessions|actions", tenants),
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
-        self.observations = 0  # observations sent: the worker's progress
+        self.answered = 0  # actions received for a waiting step: the worker's progress (a re-ask is not)
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._actions_ready: set[TopicPartition] = set()  # positioned at their end
+        self._to_position: set[TopicPartition] = set()  # sought to their end, position not yet known
         self._folding: dict[TopicPartition, int] = {}  # sessions partitions still catching up: end offset
         self._specs: dict[str, ev.EnvSessionRequested] = {}
         self._progress: dict[str, ev.EnvSessionProgress] = {}
@@ -117,7 +118,7 @@ class EnvWorker:
         await self._loop(stop or asyncio.Event())
 
     def workload(self) -> Workload:
-        return Workload((self.consumer,), done=self.observations,
+        return Workload((self.consumer,), done=self.answered,
                         details={"sessions": len(self._runners), "group": self.group_id})
 
     async def _loop(self, stop: asyncio.Event) -> None:
@@ -132,6 +133,7 @@ class EnvWorker:
                 if tp not in self.consumer.assignment() or await self.consumer.position(tp) >= end:
                     del self._folding[tp]
             await self._set_up_missed()
+            await self._resolve_positions()
             await self._caught_up()
             for sid, task in list(self._runners.items()):
                 if task.done():
@@ -168,12 +170,14 @@ class EnvWorker:
         future = self._waiting.pop(key, None)
         if future is not None and not future.done():
             future.set_result(action)
+            self.answered += 1
         elif action.session_id in self._runners:
             self._early[key] = action  # answered before the runner asked (it will, shortly)
 
     async def next_action(self, session_id: str, episode_id: str, step: int) -> ev.Action:
         key = (session_id, episode_id, step)
         if key in self._early:
+            self.answered += 1
             return self._early.pop(key)
         for stale in [k for k in self._early if k[0] == session_id]:  # answers to steps long gone
             del self._early[stale]
@@ -220,7 +224,6 @@ class EnvWorker:
         async def publish_observation(obs: ev.Observation) -> None:
             topic = tenant_topic(self.settings, obs.tenant_id, "observations")
             await self.producer.send(topic, obs, key=obs.session_id)
-            self.observations += 1
 
         async def publish_status(event: ev.Event) -> None:
             await self.producer.send(tenant_topic(self.settings, event.tenant_id, "status"), event,
@@ -288,9 +291,10 @@ class EnvWorker:
     async def _setup_partitions(self, partitions: set[TopicPartition]) -> None:
         """Sessions partitions fold from their beginning, actions partitions start at their end.
 
-        Batched (one end-offsets request, one seek each way): this runs inside the rebalance
-        listener, where aiokafka sends no group heartbeats, and one request per partition for a
-        few dozen tenants' partitions outlasted the session timeout on a loaded machine.
+        Batched (one end-offsets request, one seek each way), and no waiting for positions here:
+        this runs inside the rebalance listener, where aiokafka sends no group heartbeats, and
+        per-partition requests for a few dozen tenants' partitions outlasted the 8 s session on a
+        loaded machine (the worker was expelled from its group).
         """
         self._set_up |= partitions
         sessions = [tp for tp in partitions if parse_topic(tp.topic).stream == "sessions"]
@@ -301,13 +305,22 @@ class EnvWorker:
             self._folding.update({tp: end for tp, end in ends.items() if end > 0})
         if actions:
             await self.consumer.seek_to_end(*actions)
-            for tp in actions:  # resolve "end" now, before any observation goes out
-                try:
-                    await asyncio.wait_for(self.consumer.position(tp), POSITION_TIMEOUT_S)
-                except TimeoutError:  # mid-rebalance: the main loop tries again
-                    self._set_up.discard(tp)
-                    continue
-                self._actions_ready.add(tp)
+            self._to_position.update(actions)  # resolved by the main loop, where heartbeats flow
+
+    async def _resolve_positions(self) -> None:
+        """Actions partitions sought to their end become ready once "end" is a number, so no
+        observation goes out before its answer can be read. Waits briefly per partition: aiokafka's
+        position() would wait a whole request timeout (40 s) while a reset is pending."""
+        for tp in list(self._to_position):
+            if tp not in self.consumer.assignment():
+                self._to_position.discard(tp)
+                continue
+            try:
+                await asyncio.wait_for(self.consumer.position(tp), POSITION_WAIT_S)
+            except (TimeoutError, IllegalStateError):
+                continue
+            self._to_position.discard(tp)
+            self._actions_ready.add(tp)
 
     async def _revoke(self, revoked: set[TopicPartition]) -> None:
         for sid, tp in list(self._home.items()):
@@ -323,6 +336,7 @@ class EnvWorker:
             self._set_up.discard(tp)
             self._folding.pop(tp, None)
             self._actions_ready.discard(tp)
+            self._to_position.discard(tp)
             producer = self._txn.pop(tp, None)
             if producer:
                 await producer.stop()
