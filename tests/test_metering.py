@@ -116,16 +116,22 @@ async def lag(settings) -> int:
     return sum(r.offset >= done.get(r.partition, 0) for r in await read_topic(settings, topic))
 
 
-async def reset_group(settings) -> None:
-    """Rewind the (stopped) metering group to the start of the usage topic: a full replay."""
+async def reset_group(settings, tenants: set[str]) -> None:
+    """Rewind the (stopped) metering group to this test's first usage record in each partition: a
+    full replay of everything this test metered (and whatever came after it), without re-reading
+    the records the session's earlier tests left in the shared topic."""
     topic = shared_topic(settings, "usage")
+    first: dict[int, int] = {}
+    for r in await read_topic(settings, topic):
+        if r.event is not None and r.event.tenant_id in tenants:
+            first[r.partition] = min(first.get(r.partition, r.offset), r.offset)
     consumer = AIOKafkaConsumer(**client_options(settings), group_id=app_id(settings),
                                 enable_auto_commit=False)
     await consumer.start()
     try:
-        tps = await usage_partitions(settings, topic)
+        tps = [tp for tp in await usage_partitions(settings, topic) if tp.partition in first]
         consumer.assign(tps)
-        await consumer.commit({tp: 0 for tp in tps})
+        await consumer.commit({tp: first[tp.partition] for tp in tps})
     finally:
         await consumer.stop()
 
@@ -165,10 +171,10 @@ async def test_metering_adds_up_to_the_gate_and_replays_count_nothing_twice(
         assert snapshot[tenant]["backbone-train|backbone"][0] > 0
         assert snapshot[tenant]["inference|backbone.forward"][0] > 0
 
-    # replay: the worker stops, its group is rewound to offset 0, copies of usage records are
+    # replay: the worker stops, its group is rewound to this test's first records, copies of usage records are
     # re-published, and it starts again
     worker.stop()
-    await reset_group(stack.settings)
+    await reset_group(stack.settings, tenants)
     usage_topic = shared_topic(stack.settings, "usage")
     copies = [r for r in await read_topic(stack.settings, usage_topic)
               if r.event is not None and r.event.tenant_id in tenants][:20]

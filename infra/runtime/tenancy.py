@@ -14,8 +14,10 @@ Everything here needs the broker's super user (``infra.connection.admin_settings
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +95,7 @@ class TenantManager:
             "consumer_byte_rate": self.settings.tenant_fetch_byte_rate})
         password = new_password()
         await self._security.upsert_user(tenant, password)  # last: usable only once complete
+        await self._until_user(tenant, present=True)
         await self._register(tenant, topics, active=True)
         log.info("tenant created", tenant=tenant, topics=len(topics), rotated=rotate)
         return password
@@ -103,6 +106,7 @@ class TenantManager:
         if tenant in self.reserved:
             raise ConfigError(f"{tenant!r} is a service principal, not a tenant")
         gone = {"credentials": int(await self._security.delete_user(tenant))}
+        await self._until_user(tenant, present=False)
         blobs = await self._tensor_blobs(tenant)  # read the features before their topic goes
         gone["topics"] = len(await self._topics.delete_tenant(tenant))
         gone["acls"] = await self._security.delete_acls(principal(tenant))
@@ -116,6 +120,17 @@ class TenantManager:
         await self._register(tenant, [], active=False)
         log.info("tenant deleted", tenant=tenant, **gone)
         return gone
+
+    async def _until_user(self, tenant: str, present: bool, timeout_s: float = 15.0) -> None:
+        """A credential change reaches the brokers' metadata after the request returns (measured: a
+        second ``create`` right after the first did not see the user on a loaded broker); return
+        once the broker says what we just did, so the next call sees it too."""
+        deadline = time.monotonic() + timeout_s
+        while bool(await self._security.users([tenant])) != present:
+            if time.monotonic() > deadline:
+                raise ConfigError(f"the broker did not show tenant {tenant!r}'s credential "
+                                  f"{'created' if present else 'deleted'} within {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)
 
     async def info(self, tenant: str) -> TenantInfo:
         users = await self._security.users([tenant])
