@@ -23,14 +23,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
-    configure_logging("INFO", "json")
-    home = tmp_path_factory.mktemp("joynexus-home")
+def started_broker(home, **overrides) -> Iterator[LocalBroker]:
+    """A local broker of the project's own on free ports under ``home``, stopped at the end."""
     for attempt in range(3):
         # A free port can be taken by someone else between our check and the broker's bind.
         settings = Settings(home=home, broker_port=free_port(), controller_port=free_port(),
-                            max_attempts=2, retry_backoff_s=0.05, _env_file=None)
+                            max_attempts=2, retry_backoff_s=0.05, _env_file=None, **overrides)
         local = LocalBroker(settings)
         try:
             local.up()
@@ -43,6 +41,12 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
         yield local
     finally:
         local.down()
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    configure_logging("INFO", "json")
+    yield from started_broker(tmp_path_factory.mktemp("joynexus-home"))
 
 
 @pytest.fixture(scope="session")

@@ -44,7 +44,7 @@ from producers.dataset.generate import generate_dataset
 from producers.dataset.upload import install_dataset
 from producers.producer import EventProducer
 from schemas import events as ev
-from tests.conftest import free_port
+from tests.conftest import started_broker
 from tests.helpers import dead_letters_from
 from tests.service_helpers import SMALL_ENV, SMALL_RL
 
@@ -56,23 +56,8 @@ FLOOD_S = 12.0
 
 @pytest.fixture(scope="module")
 def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
-    home = tmp_path_factory.mktemp("secure-home")
-    for attempt in range(3):
-        settings = Settings(home=home, broker_port=free_port(), controller_port=free_port(),
-                            broker_secure=True, max_attempts=2, retry_backoff_s=0.05,
-                            tenant_produce_byte_rate=QUOTA, _env_file=None)
-        local = LocalBroker(settings)
-        try:
-            local.up()
-            break
-        except BrokerError:
-            local.down()
-            if attempt == 2:
-                raise
-    try:
-        yield local
-    finally:
-        local.down()
+    yield from started_broker(tmp_path_factory.mktemp("secure-home"), broker_secure=True,
+                              tenant_produce_byte_rate=QUOTA)
 
 
 @pytest.fixture(scope="module")
