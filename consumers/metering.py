@@ -99,6 +99,8 @@ def build_app(settings: Settings) -> faust.App:
         broker=[f"kafka://{server}" for server in settings.bootstrap.split(",")],
         broker_credentials=_credentials(settings),
         store="memory://",
+        # faust keeps table metadata in a data directory; the default is the working directory
+        datadir=str(settings.home / "metering"),
         processing_guarantee="at_least_once",
         topic_partitions=settings.partitions,
         topic_replication_factor=1,
