@@ -151,6 +151,28 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
     assert source.answered >= total_steps
 
 
+async def test_the_next_session_of_a_tenant_reuses_the_finished_sessions_simulator(settings: Settings,
+                                                                                   unique: str) -> None:
+    tenant = f"reuse-{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        await admin.ensure_tenant(tenant)
+    source = ActionSource(settings, rf"^nexus\.t\.{re.escape(tenant)}\.observations$", 2, f"act-{unique}")
+    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}", group_id=f"env-{unique}",
+                       tenants=re.escape(tenant))
+    async with running(source), running(worker):
+        for j in range(2):  # an RL job's iterations: one session after the other
+            request = session_request(tenant, f"{tenant}-it{j}", "joynexus/Reach-v0", 2, 5)
+            await request_sessions(settings, [request])
+
+            async def done(sid: str = request.session_id) -> bool:
+                return len((await episodes_by_session(settings, tenant)).get(sid, {})) == 2
+
+            await wait_for(done, timeout_s=120, what=f"session {j}")
+            await wait_for(lambda: worker.simulators.idle == 1, timeout_s=10, what="the simulator kept")
+    assert (worker.simulators.made, worker.simulators.reused) == (1, 1)
+
+
 async def status_events(settings: Settings, tenant: str) -> list[ev.Event]:
     return [r.event for r in await read_topic(settings, tenant_topic(settings, tenant, "status"))]
 

@@ -18,12 +18,12 @@ instance; a hung thread is abandoned), tells the tenant with an
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from consumers.env.pool import close_quietly
 from envs.base import InvalidAction, SimObs, SimStep, Simulator
 from infra.logging import get_logger
 from schemas import events as ev
@@ -57,6 +57,8 @@ class SessionPorts:
     publish_status: Callable  # async (Event) -> None
     next_action: Callable  # async (session_id, episode_id, step) -> Action
     make_simulator: Callable[[ev.EnvSessionRequested], Simulator]
+    # a cleanly finished session's simulator goes here, for the next session like it (pool.py)
+    release_simulator: Callable[[ev.EnvSessionRequested, Simulator], None] | None = None
 
 
 class SessionRunner:
@@ -100,6 +102,9 @@ class SessionRunner:
                     await self._fail("InvalidAction", str(exc))
                     return
             await self._finish(ev.SessionStatus.CLOSED)
+            if self._sim is not None and self.ports.release_simulator is not None:
+                sim, self._sim = self._sim, None
+                self.ports.release_simulator(self.spec, sim)
         finally:
             self._close_sim()
 
@@ -200,17 +205,8 @@ class SessionRunner:
 
     def _close_sim(self) -> None:
         sim, self._sim = self._sim, None
-        if sim is not None:
-            # In a daemon thread: a hung simulator may hang in close() too, and must not
-            # take the event loop with it.
-            threading.Thread(target=_close_quietly, args=(sim, self.log), daemon=True).start()
-
-
-def _close_quietly(sim: Simulator, logger) -> None:
-    try:
-        sim.close()
-    except Exception as exc:  # a broken simulator may fail to close too
-        logger.warning("simulator close failed", error=str(exc)[:200])
+        if sim is not None:  # off the event loop: a hung simulator may hang in close() too
+            close_quietly(sim)
 
 
 def _action_vector(action: ev.Action) -> np.ndarray:

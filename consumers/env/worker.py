@@ -29,6 +29,7 @@ from aiokafka.structs import TopicPartition
 
 from consumers.bus.loop import make_consumer
 from consumers.bus.protocols import Workload
+from consumers.env.pool import SimulatorPool
 from consumers.env.session import SessionPorts, SessionRunner
 from envs.base import Simulator
 from infra.errors import SchemaError, TenantMismatch
@@ -79,7 +80,7 @@ class EnvWorker:
         workers per tenant group, or one test's tenants); ``group_id`` names the pool."""
 
         self.settings = settings
-        self.make_simulator = make_simulator
+        self.simulators = SimulatorPool(make_simulator)
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.step_timeout_s = step_timeout_s
         self.max_restarts = max_restarts
@@ -113,16 +114,20 @@ class EnvWorker:
         await self._revoke(set(self._home.values()) | set(self._txn))
         await self.consumer.stop()
         await self.producer.stop()
+        self.simulators.close()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         await self._loop(stop or asyncio.Event())
 
     def workload(self) -> Workload:
         return Workload((self.consumer,), done=self.answered,
-                        details={"sessions": len(self._runners), "group": self.group_id})
+                        details={"sessions": len(self._runners), "group": self.group_id,
+                                 "simulators_started": self.simulators.made,
+                                 "simulators_reused": self.simulators.reused})
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            self.simulators.expire()
             batches = await self.consumer.getmany(timeout_ms=100)
             for tp, records in batches.items():
                 stream = parse_topic(tp.topic).stream
@@ -233,7 +238,7 @@ class EnvWorker:
             await self._commit(sessions_tp, records, progress)
 
         return SessionPorts(publish_observation, commit_episode, publish_status, self.next_action,
-                            self.make_simulator)
+                            self.simulators.acquire, self.simulators.release)
 
     async def _commit(self, tp: TopicPartition, records: list[ev.RolloutRecord],
                       progress: ev.EnvSessionProgress) -> None:
