@@ -31,6 +31,7 @@ Pure compute bookkeeping: no Kafka, no torch.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections import deque
@@ -38,7 +39,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FORMAT", "JSONL_SUFFIX", "ForwardLog", "ForwardRecord", "load_forwards", "read_window"]
+__all__ = [
+    "FORMAT", "JSONL_SUFFIX", "ForwardLog", "ForwardRecord", "group_sizes", "load_forwards", "read_window",
+]
 
 FORMAT = "joynexus.forwards.v1"
 JSONL_SUFFIX = ".forwards.jsonl"
@@ -58,6 +61,25 @@ class ForwardRecord:
     @property
     def rows(self) -> int:
         return len(self.tenants)
+
+
+def group_sizes(records: Iterable[ForwardRecord], queue: str) -> dict[str, float]:
+    """How full one queue's forwards were: rows per forward (mean, p50, p90, max) and the share of
+    forwards that computed more than one tenant's rows. Percentiles are nearest-rank."""
+    sizes, shared = [], 0
+    for r in records:
+        if r.queue == queue and r.rows:
+            sizes.append(r.rows)
+            shared += len(set(r.tenants)) > 1
+    if not sizes:
+        return {"forwards": 0.0}
+    sizes.sort()
+
+    def rank(q: float) -> float:
+        return float(sizes[max(0, math.ceil(q * len(sizes)) - 1)])
+
+    return {"forwards": float(len(sizes)), "mean_rows": sum(sizes) / len(sizes), "p50_rows": rank(0.5),
+            "p90_rows": rank(0.9), "max_rows": float(sizes[-1]), "multi_tenant_share": shared / len(sizes)}
 
 
 class ForwardLog:

@@ -1,4 +1,4 @@
-"""structlog, configured once: JSON lines on stderr, with context bound per record.
+"""structlog, configured once: JSON lines on stderr (or into a file), with context bound per record.
 
 Roles bind ``role`` once and ``tenant``/``topic``/``partition``/``offset`` per
 record (``structlog.contextvars.bound_contextvars``), so every line a handler
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
 import structlog
 
@@ -47,14 +48,47 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
-    """(Re)configure logging for the process; safe to call again with new values."""
-    global _configured
+class _Lines:
+    """The stream logs are written to: stderr, a file, or both.
+
+    stderr is looked up at every write, not captured once, so a live display that
+    redirects ``sys.stderr`` (rich's ``Live``) prints log lines above itself."""
+
+    def __init__(self, path: Path | None, stderr: bool):
+        self.file = open(path, "a", buffering=1) if path is not None else None  # noqa: SIM115 - process-long
+        self.stderr = stderr
+
+    def write(self, text: str) -> int:
+        if self.file is not None:
+            self.file.write(text)
+        if self.stderr:
+            sys.stderr.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+        if self.stderr:
+            sys.stderr.flush()
+
+
+_stream: _Lines | None = None
+
+
+def configure_logging(level: str = "INFO", fmt: str = "json", file: Path | None = None,
+                      stderr: bool = True) -> None:
+    """(Re)configure logging for the process; safe to call again with new values.
+
+    Lines go to stderr, or to ``file`` (appended), or to both (``stderr=True`` with a file)."""
+    global _configured, _stream
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    if _stream is not None and _stream.file is not None:
+        _stream.file.close()
+    _stream = _Lines(file, stderr or file is None)
     renderer = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(colors=file is None and sys.stderr.isatty())
     )
     shared = [
         structlog.contextvars.merge_contextvars,
@@ -69,14 +103,14 @@ def configure_logging(level: str = "INFO", fmt: str = "json") -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_stream),
         # Loggers are module globals created at import; not caching them lets a
         # later configure_logging (the CLI's, a test's) take effect everywhere.
         cache_logger_on_first_use=False,
     )
     # aiokafka and other libraries log through the standard library: render
     # their records with the same processors, so the stream stays one JSON per line.
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(_stream)
     handler.addFilter(RepeatFilter())
     handler.setFormatter(structlog.stdlib.ProcessorFormatter(
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],

@@ -137,6 +137,15 @@ async def test_demo_quick_run_renders_every_plot_in_headless_chromium(settings, 
     assert all(t["phase"] == "completed" for t in summary["tenants"]), summary["tenants"]
     (run_dir,) = list((demo_settings.run_dir).iterdir())
     assert (run_dir / "report.html").exists()  # the demo writes it
+    assert "run directory" not in (run_dir / "demo.log").read_text()  # log lines, not the console's
+    assert (run_dir / "demo.log").stat().st_size > 0
+    assert {p.name.split("-")[0] for p in (run_dir / "logs").glob("*.log")} >= {"device", "master", "env"}
+    service = summary["service"]  # how full the forwards were while the jobs trained together
+    for queue in ("inference", "train"):
+        assert service[f"{queue}_group_forwards"] > 0
+        assert 1 <= service[f"{queue}_group_p50_rows"] <= service[f"{queue}_group_p90_rows"]
+        assert service[f"{queue}_group_p90_rows"] <= service[f"{queue}_group_max_rows"]
+    assert 0 < service["inference_group_multi_tenant_share"] <= 1
     forwards = load_forwards(run_dir / "forwards.json")
     tenants = {t["tenant"] for t in summary["tenants"]}
     assert {q.queue for q in forwards} == {"inference", "train"}

@@ -9,7 +9,7 @@
     joynexus backbone presets|build               the shared backbone               (assets.py)
     joynexus dataset generate|feed                offline demonstrations for SFT
     joynexus up [--roles] [--scale] | run KIND    the service as processes          (service.py)
-    joynexus demo [--quick]                       3 RL + 1 SFT tenants, then evaluations
+    joynexus demo [--quick] [--verbose]           3 RL + 1 SFT tenants, then evaluations
     joynexus health [--json]                      every role instance's heartbeat   (health.py)
     joynexus submit FILE [-f] | status | cancel   tenants' jobs                     (jobs.py)
     joynexus audit verify --tenant T [--version N]  re-derive policies from the log  (audit.py)

@@ -65,15 +65,17 @@ def run(
 def demo(
     quick: Annotated[bool, typer.Option("--quick", help="A smoke-test sized run (minutes).")] = False,
     maniskill: Annotated[bool, typer.Option(help="Include the ManiSkill PushCube tenant.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", help="The demo's JSON log lines on stderr too "
+                                                            "(they always go to RUN_DIR/demo.log).")] = False,
 ) -> None:
     """The paper's scenario: 3 RL tenants + 1 SFT tenant on one shared backbone, then evaluations."""
     from infra.runtime.demo import run_demo
 
     settings = load_settings()
     try:
-        asyncio.run(run_demo(settings, quick=quick, maniskill=maniskill, console=console))
+        asyncio.run(run_demo(settings, quick=quick, maniskill=maniskill, console=console, verbose=verbose))
     except JoynexusError as exc:
         fail(exc)
     except (KeyboardInterrupt, asyncio.CancelledError):
-        console.print(f"demo stopped; its processes are stopped too. Partial runs: {settings.run_dir}")
+        console.print("demo stopped; its processes are stopped too")
         raise typer.Exit(130) from None

@@ -2,12 +2,16 @@
 
 1. the local broker (started if it is not running) and the service as OS processes under the
    process supervisor (as ``joynexus up`` runs it: device host, master, env, optimizer, rollout,
-   evaluator, health; their logs under JOYNEXUS_HOME/logs);
+   evaluator, health; each process logs to RUN_DIR/logs/<instance>.log, the demo itself to
+   RUN_DIR/demo.log, and ``--verbose`` puts the demo's lines on stderr too);
 2. a Reach dataset recorded by the scripted expert (once; kept under JOYNEXUS_HOME/datasets);
 3. four jobs at once: PPO on the built-in Reach task (two tenants, different seeds), PPO on
    ManiSkill PushCube-v1, SFT on the dataset, all through Kafka, sharing one backbone;
 4. per tenant, an evaluation of its first and its final policy version;
 5. a summary table, and a run directory with every job's metrics, the service's numbers and plots.
+
+While it runs the terminal shows one live row per tenant (``demo_board.py``). Ctrl-C or SIGTERM
+stops the processes it started and writes where each tenant was to ``RUN_DIR/partial.json``.
 """
 
 from __future__ import annotations
@@ -21,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.live import Live
 from rich.table import Table
 
+from backbone.timeline import group_sizes, read_window
 from infra.errors import JoynexusError
-from infra.logging import get_logger
+from infra.logging import configure_logging, get_logger
+from infra.runtime.demo_board import DemoBoard
 from infra.settings import Settings
 
 __all__ = ["run_demo", "scenario"]
@@ -114,9 +120,10 @@ def ensure_dataset(settings: Settings, quick: bool) -> Path:
     return path
 
 
-async def run_demo(
-    settings: Settings, quick: bool = False, maniskill: bool = True, console: Console | None = None
-) -> dict[str, Any]:
+async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = True,
+                   console: Console | None = None, verbose: bool = False) -> dict[str, Any]:
+    """The demo, start to summary. Its own log lines go to ``RUN_DIR/demo.log`` (and to stderr with
+    ``verbose``), each process's to ``RUN_DIR/logs/<instance>.log``; the terminal shows the board."""
     from infra.broker import LocalBroker
     from infra.runtime.supervisor import ProcessSupervisor
     from infra.topics import TopicAdmin
@@ -126,12 +133,16 @@ async def run_demo(
     # SIGTERM ends the demo like Ctrl-C does: the processes it started are stopped on the way out
     main = asyncio.current_task()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
-    if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
-        await asyncio.to_thread(LocalBroker(settings).up)
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
     run_dir = settings.run_dir / f"demo-{tag}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    dataset = await asyncio.to_thread(ensure_dataset, settings, quick)
+    configure_logging(settings.log_level, settings.log_format, file=run_dir / "demo.log", stderr=verbose)
+    console.print(f"run directory: {run_dir}\n  logs: {run_dir / 'demo.log'} and {run_dir / 'logs'}/")
+    if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
+        with console.status("starting the local Kafka broker"):
+            await asyncio.to_thread(LocalBroker(settings).up)
+    with console.status("recording the expert dataset (once)"):
+        dataset = await asyncio.to_thread(ensure_dataset, settings, quick)
     specs = scenario(quick, dataset, maniskill)
     for spec in specs:
         spec["tenant"] = f"{spec['tenant']}-{tag}"
@@ -140,21 +151,35 @@ async def run_demo(
         await admin.ensure_shared()
         for spec in specs:  # up front: every new topic set makes the pattern-subscribed groups rebalance
             await admin.ensure_tenant(spec["tenant"])
-    began = time.monotonic()
-    async with ProcessSupervisor(settings) as supervisor, Client(settings, requested_by="demo") as client:
-        with console.status(f"starting {len(supervisor.instances)} processes (logs in {supervisor.log_dir})"):
-            await _healthy(supervisor)
-        states = await _train(client, specs, console)
-        evals = await _evaluate(client, specs, states, EVAL_EPISODES, tag, console)
-        service_stats = _service_stats(supervisor, time.monotonic() - began)
+    board = DemoBoard(specs)
+    began, began_unix = time.monotonic(), time.time()
+    supervisor = ProcessSupervisor(settings)
+    supervisor.log_dir = run_dir / "logs"
+    try:
+        async with supervisor, Client(settings, requested_by="demo") as client:
+            with console.status(f"starting {len(supervisor.instances)} processes"):
+                await _healthy(supervisor)
+            with Live(board, console=console, refresh_per_second=2, redirect_stderr=verbose):
+                states = await _train(client, specs, board)
+                trained_unix = time.time()
+                evals = await _evaluate(client, specs, states, EVAL_EPISODES, tag, board)
+            service_stats = _service_stats(supervisor, time.monotonic() - began)
+    except asyncio.CancelledError:
+        (run_dir / "partial.json").write_text(json.dumps(board.snapshot(), indent=2))
+        console.print(board)
+        console.print(f"stopped after {time.monotonic() - began:.0f} s; where each tenant was: "
+                      f"{run_dir / 'partial.json'}; the jobs' events stay on the broker")
+        raise
+    finally:  # the process's lines back on stderr (a test or a caller goes on after the demo)
+        configure_logging(settings.log_level, settings.log_format)
+    forwards = read_window(settings.timeline_dir, began_unix, trained_unix)
+    service_stats.update(_group_stats(forwards))
     summary = _summary(specs, states, evals, service_stats)
     _write_run(run_dir, summary, states)
     _print_summary(console, summary, run_dir)
-    # --- run report (issue 13): the device host's timeline since the start, then report.html ----
     from infra.runtime.report import write_run_report
 
-    since = time.time() - (time.monotonic() - began)
-    console.print(f"report: {write_run_report(run_dir, settings.timeline_dir, since)}")
+    console.print(f"report: {write_run_report(run_dir, settings.timeline_dir, began_unix)}")
     return summary
 
 
@@ -173,49 +198,38 @@ async def _healthy(supervisor, timeout_s: float = 600.0) -> None:
         await asyncio.sleep(0.5)
 
 
-async def _follow_all(client, handles, console: Console, title: str) -> dict:
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        bars = {h: progress.add_task(f"{title} {h.tenant}", total=None, info="submitted") for h in handles}
-
-        def update(handle):
-            def on_update(state) -> None:
-                metrics = state.metrics
-                info = state.phase
-                for name in ("mean_return", "train_l1", "success_rate"):
-                    if name in metrics:
-                        info += f" {name}={metrics[name]:.3f}"
-                progress.update(bars[handle], completed=state.step, total=state.total_steps, info=info)
-
-            return on_update
-
-        results = await asyncio.gather(*(client.follow(h, update(h), timeout_s=1800) for h in handles))
+async def _train(client, specs, board: DemoBoard) -> dict:
+    handles = [await client.submit(spec) for spec in specs]
+    results = await asyncio.gather(*(client.follow(h, board.train, timeout_s=3600) for h in handles))
     return dict(zip(handles, results, strict=True))
 
 
-async def _train(client, specs, console: Console) -> dict:
-    handles = [await client.submit(spec) for spec in specs]
-    return await _follow_all(client, handles, console, "train")
-
-
-async def _evaluate(client, specs, states, episodes: int, tag: str, console: Console) -> dict:
-    handles, owners = [], []
+async def _evaluate(client, specs, states, episodes: int, tag: str, board: DemoBoard) -> dict:
+    """The first and the final version of every completed training job, evaluated on its task."""
+    jobs = []
     for spec in specs:
         state = next(s for h, s in states.items() if h.tenant == spec["tenant"])
         if state.phase != "completed":
             continue
         first = int(state.resources.get("start_version", "1"))
         for version in sorted({first, state.policy_version}):
-            handles.append(await client.submit(eval_spec(spec, version, episodes, tag)))
-            owners.append((spec["tenant"], version))
-    results = await _follow_all(client, handles, console, "eval")
-    return {owner: results[h] for owner, h in zip(owners, handles, strict=True)}
+            handle = await client.submit(eval_spec(spec, version, episodes, tag))
+            jobs.append(((spec["tenant"], version), handle))
+
+    async def follow(version: int, handle):
+        return await client.follow(handle, lambda state: board.evaluate(state, version), timeout_s=3600)
+
+    results = await asyncio.gather(*(follow(owner[1], handle) for owner, handle in jobs))
+    return {owner: result for (owner, _), result in zip(jobs, results, strict=True)}
+
+
+def _group_stats(forwards) -> dict[str, float]:
+    """How full the device's forwards were while the four jobs trained together."""
+    out = {}
+    for queue in ("inference", "train"):
+        for name, value in group_sizes(forwards, queue).items():
+            out[f"{queue}_group_{name}"] = value
+    return out
 
 
 def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
