@@ -4,6 +4,7 @@ same tenant and shape, never another tenant's, and idle ones are closed."""
 from __future__ import annotations
 
 import threading
+import time
 
 from consumers.env.pool import SimulatorPool
 from envs import make_simulator
@@ -65,3 +66,22 @@ def test_idle_simulators_beyond_the_limit_or_too_old_are_closed() -> None:
     now[0] = 61.0
     assert pool.expire() == 1 and pool.idle == 0
     assert kept.closed.wait(5)
+
+
+def test_a_start_in_flight_is_counted_so_the_worker_is_not_judged_stalled() -> None:
+    release = threading.Event()
+
+    def slow(spec: ev.EnvSessionRequested):
+        release.wait(10)
+        return make(spec)
+
+    pool = SimulatorPool(slow)
+    started = threading.Thread(target=pool.acquire, args=(request("a"),))
+    started.start()
+    deadline = time.monotonic() + 5
+    while pool.starting == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.starting == 1
+    release.set()
+    started.join(10)
+    assert pool.starting == 0 and pool.made == 1

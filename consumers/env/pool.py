@@ -55,6 +55,7 @@ class SimulatorPool:
         self.clock = clock
         self.made = 0  # simulators started
         self.reused = 0  # sessions served by a kept simulator
+        self.starting = 0  # starts in flight now
         self._idle: dict[Key, list[tuple[float, Simulator]]] = {}
         self._lock = threading.Lock()
 
@@ -65,7 +66,12 @@ class SimulatorPool:
                 self.reused += 1
                 return idle.pop()[1]
             self.made += 1
-        return self.make(spec)
+            self.starting += 1
+        try:
+            return self.make(spec)
+        finally:
+            with self._lock:
+                self.starting -= 1
 
     def release(self, spec: ev.EnvSessionRequested, sim: Simulator) -> None:
         """A simulator whose session finished cleanly: kept for the next session like it."""

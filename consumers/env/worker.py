@@ -91,6 +91,7 @@ class EnvWorker:
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
         self.answered = 0  # actions received for a waiting step: the worker's progress (a re-ask is not)
+        self._starting_beats = 0  # heartbeats taken while a simulator was starting: progress too
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
         self._actions_ready: set[TopicPartition] = set()  # positioned at their end
@@ -120,7 +121,12 @@ class EnvWorker:
         await self._loop(stop or asyncio.Event())
 
     def workload(self) -> Workload:
-        return Workload((self.consumer,), done=self.answered,
+        if self.simulators.starting:
+            # A simulator start (ManiSkill: minutes under load) answers no action, but it runs under
+            # the session's own watchdog (START_TIMEOUT_S), which restarts a start that hangs; the
+            # health manager must not kill the whole worker for it.
+            self._starting_beats += 1
+        return Workload((self.consumer,), done=self.answered + self._starting_beats,
                         details={"sessions": len(self._runners), "group": self.group_id,
                                  "simulators_started": self.simulators.made,
                                  "simulators_reused": self.simulators.reused})
