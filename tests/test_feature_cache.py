@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,10 +21,12 @@ from backbone.model import Backbone
 from consumers.bus.episodes import Episode
 from consumers.convert import gradient_job_requests, observation_request
 from consumers.rollout import iteration_jobs
+from infra.settings import Settings
 from schemas import events as ev
 from schemas.codec import Codec
 from schemas.jobspec import JobSpec
 from schemas.tensors import from_numpy, to_numpy
+from tests.service_helpers import running_stack
 from tests.test_backbone import FAMILIES
 from tests.vla import requests
 
@@ -122,3 +125,35 @@ async def test_inference_features_are_the_bits_training_computes(backbones: dict
         for field in ("sequence", "attention_mask", "pooled"):
             assert torch.equal(getattr(hit, field), getattr(feature, field)), (name, field)
             assert torch.equal(getattr(acted_row, field), getattr(feature, field)), (name, field)
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+async def test_rl_checkpoints_are_bit_identical_with_inference_features_shared_or_not(
+        settings: Settings, model_root: Path, tmp_path: Path, unique: str) -> None:
+    """The same RL job on a service without any feature cache, and on one where backbone-train reuses
+    what inference computed when acting: every checkpoint (modules and optimizer state) is the same,
+    bit for bit, and with sharing the training service forwards none of the rollout's rows."""
+    rl = {"iterations": 2, "episodes_per_iteration": 3, "minibatch_size": 16, "ppo_epochs": 3}
+    configs = {"off": {"train_feature_cache_mb": 0.0, "feature_cache_from_inference": False},
+               "shared": {"feature_cache_from_inference": True}}
+    states, rows = {}, {}
+    for name, overrides in configs.items():
+        async with running_stack(settings, model_root, tmp_path / name, **overrides) as stack:
+            tenant = f"reuse-{name}-{unique}"
+            await stack.ensure_tenant(tenant)
+            train = stack.supervisor.roles["backbone-train"]
+            spec = stack.rl_spec(tenant, f"job-reuse-{unique}", seed=3, env={"max_episode_steps": 12}, rl=rl)
+            await stack.run(spec)
+            states[name] = [stack.store.load(tenant, v).state for v in stack.store.versions(tenant)]
+            rows[name] = (train.rows, train.rows_requested)
+    assert rows["off"][0] == rows["off"][1] == rows["shared"][1] > 0, rows
+    assert rows["shared"][0] == 0, f"training forwarded rows inference had computed: {rows}"
+    assert len(states["off"]) == len(states["shared"]) == 3
+    for version, (a, b) in enumerate(zip(states["off"], states["shared"], strict=True), start=1):
+        assert a.step == b.step
+        for part in ("model", "train"):
+            ta, tb = getattr(a, part), getattr(b, part)
+            assert sorted(ta) == sorted(tb)
+            differ = [n for n in ta if not torch.equal(ta[n], tb[n])]
+            assert not differ, f"version {version}: {part} tensors differ with the shared cache: {differ}"
