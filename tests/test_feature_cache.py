@@ -147,7 +147,8 @@ async def test_rl_checkpoints_are_bit_identical_with_inference_features_shared_o
             await stack.run(spec)
             states[name] = [stack.store.load(tenant, v).state for v in stack.store.versions(tenant)]
             rows[name] = (train.rows, train.rows_requested)
-    assert rows["off"][0] == rows["off"][1] == rows["shared"][1] > 0, rows
+    # without a cache, only the epochs that share a poll share a forward
+    assert 0 < rows["off"][0] <= rows["off"][1] == rows["shared"][1], rows
     assert rows["shared"][0] == 0, f"training forwarded rows inference had computed: {rows}"
     assert len(states["off"]) == len(states["shared"]) == 3
     for version, (a, b) in enumerate(zip(states["off"], states["shared"], strict=True), start=1):
