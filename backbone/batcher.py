@@ -13,6 +13,10 @@ The forward runs through ``backbone.grouped`` (in a worker thread, on the device
 gate's queue when one is given): the event loop stays responsive, and one forward
 runs at a time, because the backbone is one device.
 Each group is recorded (size, tenants, wait, busy time) for the utilisation report.
+Given a ``FeatureCache``, every feature computed is put into it after its
+request is answered (the key is computed on submit, in the worker thread that
+prepares the request), so a later user of the same backbone (backbone-train)
+finds it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from backbone.feature import VLAFeature
+from backbone.feature_cache import FeatureCache
 from backbone.gate import DeviceGate
 from backbone.grouped import forward_grouped_on
 from backbone.inputs import BucketKey, Prepared, VLARequest
@@ -65,14 +70,16 @@ class _Pending:
     prepared: Prepared
     future: asyncio.Future
     enqueued: float
+    key: str | None = None  # in the feature cache
 
 
 class GroupBatcher:
     def __init__(self, backbone: Backbone, config: BatcherConfig = BatcherConfig(),
                  clock: Callable[[], float] = time.monotonic,
                  on_group: Callable[[GroupRecord], None] | None = None, gate: DeviceGate | None = None,
-                 queue: str = "inference"):
+                 queue: str = "inference", cache: FeatureCache | None = None):
         self.backbone = backbone
+        self.cache = cache
         self.gate = gate  # shared with another user of the backbone (backbone/gate.py)
         self.queue = queue
         self.config = config
@@ -108,11 +115,15 @@ class GroupBatcher:
         """Queue one request; returns its features once its group has run."""
         if self._task is None or self._stopping:
             raise RuntimeError("GroupBatcher is not running")
-        prepared = await asyncio.to_thread(self.backbone.prepare, request)  # InvalidRequest: alone
+        prepared, key = await asyncio.to_thread(self._prepare, request)  # InvalidRequest: alone
         future = asyncio.get_running_loop().create_future()
-        self._buckets.setdefault(prepared.key, deque()).append(_Pending(prepared, future, self.clock()))
+        self._buckets.setdefault(prepared.key, deque()).append(_Pending(prepared, future, self.clock(), key))
         self._wake.set()
         return await future
+
+    def _prepare(self, request: VLARequest) -> tuple[Prepared, str | None]:
+        prepared = self.backbone.prepare(request)
+        return prepared, self.cache.key(prepared) if self.cache is not None else None
 
     def wake(self) -> None:
         """Re-check deadlines now (for a test clock that was moved forward)."""
@@ -169,6 +180,9 @@ class GroupBatcher:
             features = await self._forward([p.prepared for p in group])
             for pending, feature in zip(group, features, strict=True):
                 _resolve(pending.future, feature)
+            if self.cache is not None:  # after the answers: an action never waits for the copies
+                for pending, feature in zip(group, features, strict=True):
+                    self.cache.put(pending.prepared, feature, pending.key)
         except Exception as exc:  # isolate the culprit: every request alone
             retried = len(group) > 1
             log.warning("group forward failed; retrying requests alone", size=len(group),

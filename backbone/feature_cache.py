@@ -5,13 +5,20 @@ prepared input): the same image and instruction tokens give the same hidden
 states, whatever else shares the forward (``backbone/grouped.py``). PPO sends
 the same observations again in every epoch and SFT the same demonstrations in
 every dataset epoch; with this cache each distinct input is forwarded once
-while it stays cached. Keys are sha256 digests of the backbone id and of every
-tensor the forward reads (pixels, patch grid, token ids, attention mask);
-proprio and task id are not forward inputs and come from the request each
-time. Entries are evicted least recently used beyond ``max_bytes``. A hit
-returns the very tensors the forward computed, so results are bit-identical to
-recomputing (tested), and a process that restarts with an empty cache computes
-the same features again.
+while it stays cached. In a device host, inference puts the features it
+computed when acting into the same cache (``Service.features``), so RL
+training finds the rollout's observations already there.
+
+Keys are sha256 digests of the backbone id and of every tensor the forward
+reads (pixels, patch grid, token ids and attention mask, padding included, so
+the padded length and with it the bucket are part of the key); proprio and
+task id are not forward inputs and come from the request each time. Entries
+are evicted least recently used beyond ``max_bytes`` (a stored entry is a copy
+of its row, so the bound counts what is held). A hit returns the bits the
+forward computed for that row, which are the bits any forward of the same
+bucket computes for it, alone or in any group (``backbone/grouped.py``;
+tested across the inference and training paths), so a process that restarts
+with an empty cache computes the same features again.
 """
 
 from __future__ import annotations
@@ -69,7 +76,8 @@ class FeatureCache:
         key = key or self.key(p)
         if key in self._entries or self.max_bytes <= 0:
             return
-        entry = (feature.sequence, feature.attention_mask, feature.pooled)
+        # a row of a group's output is a view that keeps the whole group's tensor alive: copy it
+        entry = (feature.sequence.clone(), feature.attention_mask.clone(), feature.pooled.clone())
         size = sum(t.numel() * t.element_size() for t in entry)
         if size > self.max_bytes:
             return

@@ -5,7 +5,10 @@ poll takes up to ``train_max_batch_jobs`` jobs of any tenants, splits them
 into rows, groups the rows by bucket (same camera count and padded length),
 runs ONE forward per bucket on the device gate's training queue (inference
 goes first), and puts each job's rows back together as that tenant's
-FeatureBatch: features plus the targets its loss needs, passed through.
+FeatureBatch: features plus the targets its loss needs, passed through. Rows
+whose features are in the process's feature cache (forwarded for an earlier
+job, or by inference when it acted on that observation) are not forwarded
+again: a cached row holds the bits a forward would compute.
 
 Commits: one forward spans partitions, but each input partition commits its
 own outputs (feature batches, usage, dead letters) and its offset in its OWN
@@ -34,7 +37,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from backbone.feature import VLAFeature
-from backbone.feature_cache import FeatureCache, for_request
+from backbone.feature_cache import for_request
 from backbone.grouped import forward_grouped_on
 from backbone.inputs import Prepared
 from consumers.bus.dlq import publish_dead_letter
@@ -89,9 +92,11 @@ class BackboneTrainRole:
         self.groups = 0
         self.rows = 0
         self.rows_requested = 0
+        self.hits = 0  # this role's: inference shares the cache
         self.jobs = 0
-        # features by content: PPO epochs and SFT dataset epochs send the same inputs again
-        self.cache = FeatureCache(service.info.backbone_id, int(settings.train_feature_cache_mb * 2**20))
+        # features by content: PPO epochs and SFT dataset epochs send the same inputs again, and RL
+        # sends what inference already computed when acting (the process's one cache, Service.features)
+        self.cache = service.features
         self.committed = 0
         self.aborted = 0
 
@@ -99,7 +104,7 @@ class BackboneTrainRole:
         return Workload((self.consumer,), done=self.jobs,
                         details={"forwards": self.groups, "mean_group_rows": round(self.mean_group_rows, 2),
                                  "rows_forwarded": self.rows, "rows_requested": self.rows_requested,
-                                 "cache_hits": self.cache.hits, "commits": self.committed,
+                                 "cache_hits": self.hits, "commits": self.committed,
                                  "aborts": self.aborted})
 
     @property
@@ -195,6 +200,7 @@ class BackboneTrainRole:
         prepared = [job.prepared[i] for job, i in rows]
         keys = await asyncio.to_thread(lambda: [self.cache.key(p) for p in prepared])
         features = [self.cache.get(p, k) for p, k in zip(prepared, keys, strict=True)]
+        self.hits += sum(f is not None for f in features)
         first: dict[str, int] = {}
         for r, feature in enumerate(features):
             if feature is None:

@@ -9,6 +9,9 @@ tenant's head acts on its own feature row. The policy is the version the
 session is pinned to (sync RL, evaluation), or the tenant's latest published
 version: ``PolicyVersionPublished`` events are followed, and a new version is
 used from the next observation on, without pausing anyone (hot swap).
+The features it computes go into the process's feature cache
+(``feature_cache_from_inference``), where backbone-train finds them when the
+rollout's gradient jobs bring the same observations back.
 
 Sampling noise comes from a generator seeded by (session's action_seed,
 episode, step), so an action never depends on which tenants shared its
@@ -92,6 +95,8 @@ class InferenceRole:
             gate=service.gate,
             queue="inference",
             on_group=self._meter_group,
+            # what inference computes when acting is what RL training forwards next: leave it there
+            cache=service.features if settings.feature_cache_from_inference else None,
         )
         self.sessions: dict[str, ev.EnvSessionRequested] = {}
         self.latest: dict[str, int] = {}  # tenant -> latest published version

@@ -1,10 +1,12 @@
 """What the roles of one process share: the backbone (resident, or only described), its device
-gate, the policy store, the tensor store and the job book.
+gate, its feature cache, the policy store, the tensor store and the job book.
 
 A device host (inference + backbone-train) and the evaluator run forwards, so they load the
 backbone; the master and the optimizer hosts only need its id, width and device
 (``BackboneInfo``), so a process that hosts only them never loads the weights: on a GPU that
-would be a second copy of the backbone per process.
+would be a second copy of the backbone per process. The feature cache (``backbone/feature_cache.py``)
+belongs to the resident backbone: in a device host, inference puts the features it computed
+when acting and backbone-train reuses them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from infra.tensor_store import TensorStore
 from tenants.policy_store import PolicyStore
 
 if TYPE_CHECKING:
+    from backbone.feature_cache import FeatureCache
     from backbone.model import Backbone
 
 __all__ = ["Service", "describe_backbone", "load_backbone"]
@@ -51,6 +54,7 @@ class Service:
     tensors: TensorStore
     resident: Backbone | None = None
     gate: DeviceGate = field(default_factory=DeviceGate)
+    features: FeatureCache | None = None  # with the resident backbone only
 
     @property
     def backbone(self) -> Backbone:
@@ -69,7 +73,12 @@ class Service:
         info = backbone.info if backbone is not None else describe_backbone(settings)
         budget = settings.train_forward_budget_ms
         gate = DeviceGate(train_budget_s=None if budget is None else budget / 1000.0)
-        return cls(settings, info, PolicyStore(settings.policy_dir), book, tensors, backbone, gate)
+        features = None
+        if backbone is not None:
+            from backbone.feature_cache import FeatureCache
+
+            features = FeatureCache(backbone.backbone_id, int(settings.train_feature_cache_mb * 2**20))
+        return cls(settings, info, PolicyStore(settings.policy_dir), book, tensors, backbone, gate, features)
 
     async def close(self) -> None:
         await self.book.stop()

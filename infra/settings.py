@@ -123,8 +123,12 @@ class Settings(BaseSettings):
         200.0, gt=0, description="Longest a training forward may hold the device (rows split into chunks "
         "sized to it, so inference goes between them); unset: one forward per group.")
     train_feature_cache_mb: float = Field(
-        512.0, ge=0, description="backbone-train keeps features by content up to this size, so PPO and SFT "
+        512.0, ge=0, description="The device host keeps features by content up to this size, so PPO and SFT "
         "epochs forward each distinct input once; 0: off.")
+    feature_cache_from_inference: bool = Field(
+        True, description="Inference puts the features it computes when acting into that cache, so RL "
+        "training reuses them instead of forwarding the rollout's observations again (bit-identical: a "
+        "row's features do not depend on its group). Off: training forwards each input once itself.")
     policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
     usage_flush_s: float = Field(
         5.0, gt=0, description="How often the inference role publishes its per-tenant device-seconds.")
