@@ -38,6 +38,9 @@ __all__ = ["run_demo", "scenario"]
 
 log = get_logger("infra.runtime.demo")
 EVAL_EPISODES = 24  # per evaluated version: a success rate over fewer means little
+# Ctrl-C: what a role has not committed is redone from the log by whoever runs it next, so the
+# processes get little time to leave cleanly before they are killed
+INTERRUPT_GRACE_S = 3.0
 
 
 def scenario(quick: bool, dataset: Path, maniskill: bool = True) -> list[dict[str, Any]]:
@@ -133,6 +136,8 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
     from producers.client.sdk import Client
 
     console = console or Console()
+    if not console.is_terminal:  # piped to a file: rich would squeeze the tables to 80 columns
+        console = Console(file=console.file, width=200)
     # SIGTERM ends the demo like Ctrl-C does: the processes it started are stopped on the way out
     main = asyncio.current_task()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main.cancel)
@@ -158,9 +163,11 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
     began, began_unix = time.monotonic(), time.time()
     supervisor = ProcessSupervisor(settings)
     supervisor.log_dir = run_dir / "logs"
+    grace_s = None
+    await supervisor.start()
     try:
-        async with supervisor, Client(settings, requested_by="demo") as client:
-            with console.status(f"starting {len(supervisor.instances)} processes"):
+        async with Client(settings, requested_by="demo") as client:
+            with console.status("starting the service's processes"):
                 await _healthy(supervisor)
             with Live(board, console=console, refresh_per_second=2, redirect_stderr=verbose):
                 states = await _train(client, specs, board)
@@ -168,12 +175,15 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
                 evals = await _evaluate(client, specs, states, EVAL_EPISODES, tag, board)
             service_stats = _service_stats(supervisor, time.monotonic() - began)
     except asyncio.CancelledError:
+        grace_s = INTERRUPT_GRACE_S
         (run_dir / "partial.json").write_text(json.dumps(board.snapshot(), indent=2))
         console.print(board)
-        console.print(f"stopped after {time.monotonic() - began:.0f} s; where each tenant was: "
+        console.print(f"stopping after {time.monotonic() - began:.0f} s; where each tenant was: "
                       f"{run_dir / 'partial.json'}; the jobs' events stay on the broker")
         raise
-    finally:  # the process's lines back on stderr (a test or a caller goes on after the demo)
+    finally:
+        await supervisor.stop(grace_s)
+        # the process's lines back on stderr (a test or a caller goes on after the demo)
         configure_logging(settings.log_level, settings.log_format)
     forwards = read_window(settings.timeline_dir, began_unix, trained_unix)
     service_stats.update(_group_stats(forwards))
@@ -373,8 +383,6 @@ def _print_summary(console: Console, summary: dict[str, Any], run_dir: Path) -> 
             ret,
             _fmt(row["policy_version"]),
         )
-    if not console.is_terminal:  # piped to a file: rich would squeeze the table to 80 columns
-        console = Console(width=200)
     console.print(table)
     service = Table("service", "value", title="joynexus demo: shared backbone")
     for name, value in summary["service"].items():

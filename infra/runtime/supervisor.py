@@ -145,7 +145,9 @@ class ProcessSupervisor:
         log.info("supervisor running", host=self.host, instances=[i.instance_id for i in self.instances],
                  logs=str(self.log_dir))
 
-    async def stop(self) -> None:
+    async def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM to every process, SIGKILL to what is left after ``grace_s`` (default
+        ``stop_grace_s``; a user who pressed Ctrl-C on the demo gets a shorter one)."""
         self.stopping = True
         for task in list(self._tasks):
             if task.get_name() == "env-autoscale":
@@ -153,7 +155,7 @@ class ProcessSupervisor:
         live = [i for i in self.instances if i.alive]
         for inst in live:
             self._signal(inst, signal.SIGTERM)
-        deadline = time.monotonic() + self.settings.stop_grace_s
+        deadline = time.monotonic() + (self.settings.stop_grace_s if grace_s is None else grace_s)
         for inst in live:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(inst.process.wait(), max(0.1, deadline - time.monotonic()))
