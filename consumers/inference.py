@@ -58,6 +58,7 @@ from tenants.slot import TenantSlot
 __all__ = ["InferenceRole", "action_generator"]
 
 log = get_logger("consumers.inference")
+ANSWERS_KEPT = 10_000  # recent answers kept for repeated asks (an env re-asks within seconds)
 GROUP = "inference"
 TIMELINE_EXPORT_S = 2.0  # how often the device timeline is appended to its file (run reports read it)
 
@@ -123,6 +124,13 @@ class InferenceRole:
         self.usage_seq = 0
         self.failed_sessions: set[tuple[str, str]] = set()  # (tenant, session) of failed jobs
         self.failed_jobs: set[tuple[str, str]] = set()  # (tenant, job) this instance failed
+        # An env that waited 10 s asks again for the same step. Under overload the first answer is
+        # only late: a repeat of a step in flight is dropped, and a repeat of a step answered
+        # recently gets that same action again (an action is a pure function of the step), so
+        # repeats never cost a forward and never feed the overload that caused them.
+        self._in_flight: set[tuple[str, str, str, int]] = set()
+        self._answers: OrderedDict[tuple[str, str, str, int], ev.Action] = OrderedDict()
+        self.repeats = 0
 
     def _on_session(self, event: ev.Event, record: ConsumerRecord) -> None:
         if isinstance(event, ev.EnvSessionRequested):
@@ -140,7 +148,7 @@ class InferenceRole:
         n = max(len(groups), 1)
         return Workload(
             (self.consumer,), done=self.answered, waiting=len(self._tasks),
-            details={"policies_loaded": len(self._policies), "groups": len(groups),
+            details={"policies_loaded": len(self._policies), "groups": len(groups), "repeats": self.repeats,
                      "mean_group_size": round(sum(g.size for g in groups) / n, 3),
                      "mean_group_tenants": round(sum(len(set(g.tenants)) for g in groups) / n, 3),
                      # the device gate of this process: inference and training share it
@@ -215,23 +223,44 @@ class InferenceRole:
                 return
             if (obs.tenant_id, obs.session_id) in self.failed_sessions:
                 return  # its job is failed: the env's repeats get no answer and cost no forward
+            step = (obs.tenant_id, obs.session_id, obs.episode_id, obs.step)
+            if step in self._in_flight or step in self._answers:
+                self.repeats += 1
+                if step in self._answers:
+                    await self.producer.send(tenant_topic(self.settings, obs.tenant_id, "actions"),
+                                             self._answers[step], key=obs.session_id)
+                return
+            self._in_flight.add(step)
             try:
-                action = await self._act(obs)
-            except Exception as first:  # noqa: BLE001 - one retry, after the read models caught up
-                log.warning("inference failed; retrying once", error_class=type(first).__name__,
-                            error=str(first)[:300])
-                try:
-                    await self._catch_up(obs.tenant_id)
-                    action = await self._act(obs)
-                except Exception as exc:
-                    log.error("inference failed twice; failing the job", error_class=type(exc).__name__,
-                              error=str(exc)[:300])
-                    await self._fail_session(obs, exc)
-                    return
+                action = await self._answer_step(obs)
+            finally:
+                self._in_flight.discard(step)
+            if action is None:
+                return
+            self._answers[step] = action
+            while len(self._answers) > ANSWERS_KEPT:
+                self._answers.popitem(last=False)
             await self.producer.send(
                 tenant_topic(self.settings, obs.tenant_id, "actions"), action, key=obs.session_id
             )
             self.answered += 1
+
+    async def _answer_step(self, obs: ev.Observation) -> ev.Action | None:
+        """The action for ``obs``, with one retry; None when the policy failed (its job is failed)."""
+        try:
+            action = await self._act(obs)
+        except Exception as first:  # noqa: BLE001 - one retry, after the read models caught up
+            log.warning("inference failed; retrying once", error_class=type(first).__name__,
+                        error=str(first)[:300])
+            try:
+                await self._catch_up(obs.tenant_id)
+                action = await self._act(obs)
+            except Exception as exc:
+                log.error("inference failed twice; failing the job", error_class=type(exc).__name__,
+                          error=str(exc)[:300])
+                await self._fail_session(obs, exc)
+                return None
+        return action
 
     # ------------------------------------------------------------------ usage (metering)
     # Each group's forward time is split between tenants by their share of its rows and published

@@ -20,6 +20,7 @@ import torch
 from infra.topics import tenant_topic
 from producers.client.sdk import JobHandle
 from producers.dataset.generate import generate_dataset
+from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.jobstate import JobState
 from schemas.tensors import from_numpy, to_numpy
@@ -324,6 +325,35 @@ def poisoned_job(job: JobState, batch: int = 8) -> ev.GradientJob:
                  "advantages": from_numpy(np.full(batch, np.nan, np.float32)),
                  "returns": from_numpy(np.zeros(batch, np.float32))},
         publish=True)
+
+
+async def test_an_env_asking_again_gets_the_same_action_and_costs_no_forward(stack: Stack,
+                                                                            unique: str) -> None:
+    """An env re-asks after 10 s without an answer; under overload the first answer is only late, so
+    a repeat must not add a forward to the queue that made it late."""
+    tenant = f"repeat-{unique}"
+    await stack.run(stack.rl_spec(tenant, f"job-{unique}", rl={"iterations": 1, "episodes_per_iteration": 1,
+                                                                "minibatch_size": 8, "ppo_epochs": 1}))
+    obs = (await stack.events(tenant, "observations"))[-1]
+    inference = stack.supervisor.roles["inference"]
+    answered, repeats = inference.answered, inference.repeats
+    async with EventProducer(stack.settings) as producer:
+        for _ in range(2):
+            await producer.send(tenant_topic(stack.settings, tenant, "observations"), obs, key=obs.session_id)
+    await wait_for(lambda: inference.repeats == repeats + 2, 60, "both repeats")
+
+    async def answers() -> list[ev.Action]:
+        return [a for a in await stack.events(tenant, "actions") if isinstance(a, ev.Action)
+                and (a.session_id, a.episode_id, a.step) == (obs.session_id, obs.episode_id, obs.step)]
+
+    async def all_three() -> bool:
+        return len(await answers()) >= 3
+
+    await wait_for(all_three, 60, "the repeated answers")
+    first, *again = await answers()
+    assert all(to_numpy(a.action).tobytes() == to_numpy(first.action).tobytes() for a in again)
+    assert {a.policy_version for a in again} == {first.policy_version}
+    assert inference.answered == answered  # no action was computed for the repeats
 
 
 async def test_nan_loss_fails_that_tenant_alone(stack: Stack, unique: str) -> None:
