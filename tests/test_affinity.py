@@ -41,12 +41,14 @@ def _cpus_of_every_thread(pid: int) -> set[frozenset[int]]:
 
 @pytest.mark.broker
 @pytest.mark.timeout(300)
-async def test_a_child_pins_itself_and_keeps_its_cpus_after_a_restart(settings: Settings, tmp_path: Path) -> None:
+async def test_a_child_pins_itself_and_keeps_its_cpus_after_a_restart(settings: Settings,
+                                                                       tmp_path: Path) -> None:
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
         pytest.skip("needs two CPUs: pinning to the only one changes nothing")
     target = frozenset(mine[-1:])
-    local = settings.model_copy(update={"home": tmp_path / "home", "cpu_affinity": {"health": sorted(target)}})
+    local = settings.model_copy(update={"home": tmp_path / "home",
+                                        "cpu_affinity": {"health": sorted(target)}})
     async with ProcessSupervisor(local, ("health",), autoscale=False) as supervisor:
         (inst,) = supervisor.instances
         first = inst.pid
