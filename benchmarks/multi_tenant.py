@@ -2,7 +2,9 @@
 
     python -m benchmarks.multi_tenant [--repeats 3] [--scenario quick|full|smoke]
                                       [--no-maniskill | --builtin-third]
-                                      [--json PATH] [--run-dir DIR]
+                                      [--deployment in-process|processes [--cpus device=0,rest=1]
+                                                    [--env-workers 3]]
+                                      [--feature-cache] [--json PATH] [--run-dir DIR]
 
 The same fixed work per tenant (the demo's jobs: PPO on Reach twice, PPO on
 ManiSkill PushCube, SFT on a Reach dataset; ``smoke`` is a seconds-long
@@ -13,6 +15,11 @@ in two modes:
   device per tenant gives, minus the model loading);
 * shared: all tenants at once, grouped into shared backbone forwards.
 
+Backbone-train's feature cache is off (``--feature-cache`` keeps it): it is
+keyed by content, and every run repeats the same inputs (same seeds, fresh
+tenant ids), so with it every run after the warm-up would find its training
+features computed and skip the forwards the same work costs a tenant alone.
+
 First a warm-up (the scenario once, shared, not counted: it pays the one-off
 costs such as importing ManiSkill and building the backbone), then ``--repeats``
 rounds, alternating the order (isolated first, then shared first, ...). Every
@@ -22,12 +29,25 @@ with min-max spread, and shared/isolated ratios of the medians. Every tenant's
 final parameters are compared across ALL runs (both modes, every repeat): they
 must be bit-identical.
 
-What "device time" means here: roles run in ONE process (``--deployment
-in-process``, the only one so far), so the "device" is the gate of that
-process and the device time held is the mode's makespan (isolated: the sum of
-the tenants' runs, as if each rented the device for its own run). On this CPU
-machine a forward's wall time includes waiting for the cores (and the GIL) the
-simulators use; see README "Results" for what that does to busy fractions.
+Device time held is the mode's makespan in both deployments (isolated: the sum
+of the tenants' runs, as if each rented the device for its own run). What the
+"device" is depends on ``--deployment``:
+
+* ``in-process`` (default): every role in this ONE process; the device is its
+  gate, and a forward's wall time includes waiting for the cores (and the GIL)
+  the simulators use;
+* ``processes``: the service as OS processes under the process supervisor (as
+  ``joynexus up`` runs it: device host, master, env workers, optimizer,
+  rollout, evaluator, health, metering), started ONCE for the warm-up and every
+  run (a process start costs 15-30 s of imports here), with the device host
+  pinned to its own core and every other process, this one included, on the
+  rest (``--cpus``; default: the first CPU this process may use for the device,
+  the others for the rest), so its busy seconds are the device's, as on a GPU
+  machine. Busy seconds and forwards per queue come from the device host's
+  timeline file (``settings.timeline_dir``), read after its next append; its
+  heartbeats' busy seconds are kept beside them as a cross-check. Env workers
+  are a fixed count (``--env-workers``, no autoscaling), so both modes run on
+  the same processes.
 
 Outputs: a table on stdout; ``--json`` (and ``RUN_DIR/multi_tenant.json``):
 {scenario, repeats, runs: [...], medians, spread, ratios, bit_identical};
@@ -41,8 +61,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import copy
 import json
+import os
 import statistics
 import time
 from datetime import UTC, datetime
@@ -54,8 +76,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from backbone.timeline import ForwardLog, ForwardRecord
+from backbone.timeline import ForwardLog, ForwardRecord, read_window
+from infra.errors import JoynexusError
+from infra.runtime.affinity import pin_process
 from infra.runtime.demo import ensure_dataset, scenario
+from infra.runtime.supervisor import parse_cpus
 from infra.settings import Settings
 
 MODES = ("isolated", "shared")
@@ -87,17 +112,12 @@ def bench_scenario(name: str, dataset: Path, maniskill: bool,
 
 
 class InProcessDevice:
-    """The device as seen by the benchmark when every role runs in this process: the service's gate.
-
-    Seam for the processes deployment (roles as OS processes, the device host pinned to its own
-    core): a class with the same three methods, reading the device host's busy seconds and
-    timeline (e.g. from its heartbeats or a stats file it writes) instead of a local gate.
-    """
+    """The device as seen by the benchmark when every role runs in this process: the service's gate."""
 
     def __init__(self, service) -> None:
         self.gate = service.gate
 
-    def snapshot(self) -> dict[str, float]:
+    async def snapshot(self) -> dict[str, float]:
         return {"busy_inference_s": self.gate.busy_s["inference"], "busy_train_s": self.gate.busy_s["train"],
                 "forwards_inference": float(self.gate.forwards["inference"]),
                 "forwards_train": float(self.gate.forwards["train"]), "clock_s": self.gate.timeline.now()}
@@ -108,6 +128,95 @@ class InProcessDevice:
     def clock(self) -> float:
         """Now, on the clock of the timeline's records."""
         return self.gate.timeline.now()
+
+
+class ProcessDevice:
+    """The device host of a ``ProcessSupervisor``, seen from this process: busy seconds and forwards
+    per queue from the forwards it appends to its timeline file, on a clock of Unix seconds since
+    this object was made (the records are Unix times, so the two processes' clocks agree)."""
+
+    def __init__(self, supervisor) -> None:
+        from consumers.inference import TIMELINE_EXPORT_S
+
+        self.supervisor = supervisor
+        self.timeline_dir = supervisor.settings.timeline_dir
+        self.export_s = TIMELINE_EXPORT_S
+        self.origin_unix = time.time()
+
+    def clock(self) -> float:
+        return time.time() - self.origin_unix
+
+    async def snapshot(self) -> dict[str, float]:
+        """Totals of the forwards that started up to now. The device host appends its new forwards
+        every ``export_s``: read once it has appended after now, and once a heartbeat sent after
+        that append is in (its cumulative busy seconds, the cross-check, then cover the same span)."""
+        cut = self.clock()
+        await asyncio.sleep(self.export_s + 0.5)
+        beat = await self._heartbeat_after(self.origin_unix + cut + self.export_s + 0.5)
+        forwards = [f for f in self.timeline_since(0.0) if f.start_s <= cut]
+        snap = {"clock_s": cut,
+                "busy_total_s_heartbeats": float(beat.get("busy_inference_s", 0.0))
+                + float(beat.get("busy_train_s", 0.0)),
+                "process_restarts": float(sum(i.restarts for i in self.supervisor.instances))}
+        for queue in ("inference", "train"):
+            mine = [f for f in forwards if f.queue == queue]
+            snap[f"busy_{queue}_s"] = sum(f.busy_s for f in mine)
+            snap[f"forwards_{queue}"] = float(len(mine))
+        return snap
+
+    async def _heartbeat_after(self, unix: float) -> dict[str, str]:
+        """The details of the first inference-role heartbeat the device host sent after ``unix``."""
+        (device,) = self.supervisor.of_kind("device")
+        deadline = time.monotonic() + 10 * self.supervisor.settings.heartbeat_s + 30.0
+        while True:
+            for state in self.supervisor.view.book.of_role("inference"):
+                if state.instance_id == device.instance_id and state.pid == device.pid \
+                        and state.beat_at.timestamp() > unix:
+                    return state.details
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the device host {device.instance_id} sent no heartbeat; see "
+                                   f"{self.supervisor.log_dir}")
+            await asyncio.sleep(0.2)
+
+    def timeline_since(self, start_s: float) -> list[ForwardRecord]:
+        return [f for f in read_window(self.timeline_dir, self.origin_unix) if f.start_s >= start_s]
+
+
+@contextlib.asynccontextmanager
+async def in_process(settings: Settings):
+    """Every role in this process over one ``Service``: (device, policy store)."""
+    from consumers.service import Service
+    from infra.runtime.host import RoleHost
+
+    service = await Service.open(settings)
+    try:
+        async with RoleHost(service.settings, service=service):  # every role in this process
+            yield InProcessDevice(service), service.store
+    finally:
+        await service.close()
+
+
+@contextlib.asynccontextmanager
+async def processes(settings: Settings, console: Console, env_workers: int):
+    """The service as OS processes, started once and kept for every run: (device, policy store)."""
+    from infra.runtime.supervisor import DEFAULT_KINDS, ProcessSupervisor
+    from tenants.policy_store import PolicyStore
+
+    supervisor = ProcessSupervisor(settings, DEFAULT_KINDS, {"env": env_workers}, autoscale=False)
+    async with supervisor:
+        with console.status(f"starting {len(supervisor.instances)} processes, CPUs {settings.cpu_affinity} "
+                            f"(logs in {supervisor.log_dir})"):
+            await supervisor.wait_healthy()
+        yield ProcessDevice(supervisor), PolicyStore(settings.policy_dir)
+
+
+def default_cpus() -> dict[str, list[int]]:
+    """The device host on the first CPU this process may use, everything else on the others."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit(f"--deployment processes needs 2 CPUs or more (device + the rest); this process "
+                         f"may use {cpus}")
+    return {"device": cpus[:1], "rest": cpus[1:]}
 
 
 async def _follow(client, specs: list[dict], together: bool, clock) -> tuple[list, list]:
@@ -138,11 +247,11 @@ async def _follow(client, specs: list[dict], together: bool, clock) -> tuple[lis
 
 async def run_mode(device, client, base: list[dict], mode: str, label: str) -> dict[str, Any]:
     specs = [{**s, "tenant": f"{s['tenant']}-{label}", "job_id": "bench"} for s in base]
-    before = device.snapshot()
+    before = await device.snapshot()
     began = time.monotonic()
     states, spans = await _follow(client, specs, mode == "shared", device.clock)
     makespan = time.monotonic() - began
-    after = device.snapshot()
+    after = await device.snapshot()
     run = {k: after[k] - before[k] for k in after if k != "clock_s"}
     run |= {"mode": mode, "makespan_s": makespan, "device_time_s": makespan,
             "busy_total_s": run["busy_train_s"] + run["busy_inference_s"]}
@@ -195,17 +304,19 @@ def print_table(console: Console, result: dict[str, Any], title: str) -> None:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    from consumers.service import Service
     from infra.broker import LocalBroker
-    from infra.runtime.host import RoleHost
     from infra.runtime.report import COMPARISON_FORMAT, write_report
     from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 
-    if args.deployment != "in-process":
-        raise SystemExit("--deployment processes needs the roles-as-processes supervisor (not merged yet)")
     settings = Settings()
     console = Console() if Console().is_terminal else Console(width=160)  # piped: keep the table wide
+    if not args.feature_cache:
+        settings = settings.model_copy(update={"train_feature_cache_mb": 0.0})
+    if args.deployment == "processes":
+        settings = settings.model_copy(update={"cpu_affinity": args.cpus or default_cpus()})
+        # this process (the tenants' client) and a broker it starts below stay off the device's core
+        pin_process(settings.cpu_affinity, "benchmark")
     if settings.bootstrap_servers is None:
         await asyncio.to_thread(LocalBroker(settings).up)
     dataset = await asyncio.to_thread(ensure_dataset, settings, args.scenario != "full")
@@ -221,11 +332,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for spec in base:
                 await admin.ensure_tenant(f"{spec['tenant']}-{label}")
     runs: list[dict[str, Any]] = []
-    service = await Service.open(settings)
-    try:
-        roles = RoleHost(service.settings, service=service)  # every role in this process
-        async with roles, Client(settings, requested_by="benchmark") as client:
-            device = InProcessDevice(service)
+    deployment = (processes(settings, console, args.env_workers) if args.deployment == "processes"
+                  else in_process(settings))
+    async with deployment as (device, store):
+        async with Client(settings, requested_by="benchmark") as client:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=console) as progress:
                 bar = progress.add_task("warm-up (not counted)", total=1 + 2 * args.repeats)
@@ -238,11 +348,10 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         run["repeat"], run["order"] = r, "-".join(modes)
                         runs.append(run)
                         progress.advance(bar)
-            same = bit_identical(service.store, runs)
-    finally:
-        await service.close()
+        same = bit_identical(store, runs)
     result = {"scenario": args.scenario, "tenants": len(base), "backbone": settings.backbone,
-              "repeats": args.repeats, "deployment": args.deployment, **summarise(runs),
+              "repeats": args.repeats, "deployment": args.deployment,
+              "feature_cache_mb": settings.train_feature_cache_mb, **summarise(runs),
               "bit_identical": same,
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
     print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "
@@ -257,6 +366,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                       f"(paper: {paper})")
     console.print(f"final parameters bit-identical across all {len(runs)} runs: "
                   f"{sum(same)}/{len(same)} tenants")
+    if args.deployment == "processes":
+        gap = max(abs(r["busy_total_s"] - r["busy_total_s_heartbeats"]) for r in runs)
+        restarts = sum(r["process_restarts"] for r in runs)
+        console.print(f"device host pinned: {settings.cpu_affinity}; busy seconds from its timeline, "
+                      f"largest gap to its heartbeats' {gap:.3f} s; process restarts during counted runs: "
+                      f"{restarts:.0f}")
 
     last_shared = [r for r in runs if r["mode"] == "shared"][-1]
     (run_dir / "multi_tenant.json").write_text(json.dumps(result, indent=2))
@@ -266,7 +381,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     (run_dir / "comparison.json").write_text(json.dumps({
         "format": COMPARISON_FORMAT, "modes": result["medians"],
         "note": f"medians of {args.repeats} alternating repeats after a warm-up "
-                f"(benchmarks/multi_tenant.py, scenario {args.scenario}, roles in one process)"}, indent=2))
+                f"(benchmarks/multi_tenant.py, scenario {args.scenario}, deployment {args.deployment})"},
+        indent=2))
     jobs = {s.tenant: {"job_id": s.job_id, "phase": s.phase, "history": s.history}
             for s in last_shared["_states"]}
     (run_dir / "jobs.json").write_text(json.dumps(jobs, indent=2, default=str))
@@ -283,6 +399,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _cpus(text: str) -> dict[str, list[int]]:
+    try:
+        return parse_cpus(text)
+    except JoynexusError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3,
@@ -291,12 +414,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-maniskill", action="store_true", help="drop the ManiSkill tenant")
     parser.add_argument("--builtin-third", action="store_true",
                         help="the third RL tenant on the built-in Push task instead of ManiSkill PushCube")
-    parser.add_argument("--deployment", choices=("in-process", "processes"), default="in-process")
+    parser.add_argument("--deployment", choices=("in-process", "processes"), default="in-process",
+                        help="roles in this process, or as OS processes with the device host on its own core")
+    parser.add_argument("--cpus", type=_cpus, default=None,
+                        help="processes: CPU affinity per kind, e.g. device=0,rest=1 (default: the first "
+                             "CPU this process may use for the device host, the others for the rest)")
+    parser.add_argument("--env-workers", type=int, default=3,
+                        help="processes: env worker processes (fixed: no autoscaling between modes)")
+    parser.add_argument("--feature-cache", action="store_true",
+                        help="keep backbone-train's feature cache on: it is keyed by content, so the "
+                             "warm-up's and earlier runs' features (same seeds, same inputs) serve later "
+                             "runs, which then skip training forwards a tenant alone on its own device pays")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--run-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.env_workers < 1:
+        parser.error("--env-workers must be >= 1")
     return args
 
 

@@ -155,6 +155,12 @@ class Settings(BaseSettings):
     env_sessions_per_worker: int = Field(
         4, ge=1, description="Scale env workers so that each hosts about this many running sessions.")
     stop_grace_s: float = Field(15.0, gt=0, description="SIGTERM to SIGKILL, when stopping processes.")
+    cpu_affinity: dict[str, list[int]] = Field(
+        default_factory=dict, description="CPU ids per process kind for `joynexus up`'s children, e.g. "
+        '{"device": [0], "rest": [1]} (`up --cpus device=0,rest=1`): "rest" covers every kind not named, '
+        "a kind covered by neither runs on any CPU. Each child pins itself at start, so a restarted one "
+        "keeps its CPUs. With the device host alone on its core, its busy time is the device's, as on a "
+        "GPU machine, not time lost to simulators on the same core. Empty: no pinning.")
 
     # --- logging
     log_level: str = "INFO"
@@ -164,6 +170,14 @@ class Settings(BaseSettings):
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @field_validator("cpu_affinity")
+    @classmethod
+    def _cpu_ids(cls, value: dict[str, list[int]]) -> dict[str, list[int]]:
+        for kind, cpus in value.items():
+            if not cpus or any(c < 0 for c in cpus):
+                raise ValueError(f"cpu_affinity[{kind!r}] must list CPU ids >= 0, got {cpus}")
+        return value
 
     @model_validator(mode="after")
     def _credentials_go_together(self) -> Settings:

@@ -22,14 +22,19 @@ def up(
                                             "starts at JOYNEXUS_ENV_MIN).")] = "",
     autoscale: Annotated[bool, typer.Option(help="Scale env workers between JOYNEXUS_ENV_MIN and "
                                                  "JOYNEXUS_ENV_MAX from their backlog.")] = True,
+    cpus: Annotated[str, typer.Option(help="CPU affinity per kind, e.g. device=0,rest=1 (rest: every kind "
+                                           "not named; CPUS like 1, 1-3, 0+2). Default: "
+                                           "JOYNEXUS_CPU_AFFINITY, else no pinning.")] = "",
 ) -> None:
     """Start and supervise one process per role instance until Ctrl-C / SIGTERM; logs go to
     JOYNEXUS_HOME/logs/<instance>.log. A second machine runs `up --roles env` against the same broker."""
-    from infra.runtime.supervisor import DEFAULT_KINDS, parse_scale, run_up
+    from infra.runtime.supervisor import DEFAULT_KINDS, parse_cpus, parse_scale, run_up
 
     settings = load_settings()
     kinds = tuple(r.strip() for r in roles.split(",") if r.strip()) or DEFAULT_KINDS
     try:
+        if cpus:  # the children read it from the settings the supervisor passes them
+            settings = settings.model_copy(update={"cpu_affinity": parse_cpus(cpus)})
         asyncio.run(run_up(settings, kinds, parse_scale(scale), autoscale))
     except JoynexusError as exc:
         fail(exc)
@@ -50,9 +55,15 @@ def run(
     import os
     import socket
 
-    from infra.runtime.host import run_instance
+    from infra.runtime.affinity import pin_process
 
     settings = load_settings()
+    try:  # first: before torch or the Kafka clients start threads of their own
+        pin_process(settings.cpu_affinity, kind)
+    except JoynexusError as exc:
+        fail(exc)
+    from infra.runtime.host import run_instance
+
     env_options = {"step_timeout_s": step_timeout, "group_id": group, "tenants": tenants}
     try:
         asyncio.run(run_instance(settings, kind, instance or f"{kind}-{os.getpid()}.{socket.gethostname()}",

@@ -30,9 +30,16 @@ def parse_window(text: str) -> int:
 def metering() -> None:
     """Run the metering role (a faust-streaming worker) until stopped: UsageRecorded into
     per-tenant tumbling-window tables."""
+    from infra.runtime.affinity import pin_process
+
+    settings = load_settings()
+    try:  # first: before faust and the Kafka clients start threads of their own
+        pin_process(settings.cpu_affinity, "metering")
+    except JoynexusError as exc:
+        fail(exc)
     from consumers.metering import run_worker
 
-    run_worker(load_settings())
+    run_worker(settings)
 
 
 @app.command("usage")

@@ -26,6 +26,10 @@ workers report, starts new ones at once and retires one (SIGTERM: its sessions
 are handed back through a rebalance and resume elsewhere at their first
 uncommitted episode) when the target stayed lower for ``_DOWN_AFTER_S``.
 
+CPU affinity (``settings.cpu_affinity``, ``up --cpus device=0,rest=1``): every child pins
+itself to its kind's CPUs at start (``affinity.py``), restarts included; the supervisor only
+checks the plan names known kinds and CPUs of this machine.
+
 ``stop`` (Ctrl-C, SIGTERM) sends SIGTERM to every process group and SIGKILL
 to what is still there after ``stop_grace_s``; a supervisor killed outright
 takes its children with it (each asks for SIGTERM when its parent dies:
@@ -47,6 +51,7 @@ from dataclasses import dataclass
 from infra.errors import JoynexusError
 from infra.healthbook import HealthView
 from infra.logging import get_logger
+from infra.runtime.affinity import REST, cpus_for
 from infra.runtime.host import KINDS, ensure_shared_topics
 from infra.runtime.scaling import env_target
 from infra.settings import Settings
@@ -54,8 +59,8 @@ from infra.topics import shared_topic
 from producers.producer import EventProducer
 from schemas import events as ev
 
-__all__ = ["DEFAULT_KINDS", "METERING", "SUPERVISED_KINDS", "Instance", "ProcessSupervisor", "parse_scale",
-           "run_up"]
+__all__ = ["DEFAULT_KINDS", "METERING", "SUPERVISED_KINDS", "Instance", "ProcessSupervisor", "parse_cpus",
+           "parse_scale", "run_up"]
 
 log = get_logger("infra.runtime.supervisor")
 
@@ -102,6 +107,45 @@ def parse_scale(text: str) -> dict[str, int]:
     return scale
 
 
+def _cpu_list(text: str) -> list[int]:
+    """``1``, ``1-3``, ``0+2`` -> CPU ids (``,`` already separates the entries of ``--cpus``)."""
+    cpus: list[int] = []
+    for part in text.split("+"):
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not (hi.isdigit() and int(hi) >= int(lo))):
+            raise ValueError(part)
+        cpus.extend(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def parse_cpus(text: str) -> dict[str, list[int]]:
+    """``device=0,rest=1-3`` -> {"device": [0], "rest": [1, 2, 3]} (``settings.cpu_affinity``)."""
+    affinity: dict[str, list[int]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        kind, _, cpus = part.partition("=")
+        try:
+            affinity[kind.strip()] = _cpu_list(cpus.strip())
+        except ValueError:
+            raise JoynexusError(f"bad --cpus entry {part!r}: want KIND=CPUS, CPUS like 1, 1-3 or 0+2"
+                                ) from None
+    _check_affinity(affinity)
+    return affinity
+
+
+def _check_affinity(affinity: dict[str, list[int]]) -> None:
+    """Refuses a plan that names an unknown kind or a CPU this machine does not have (a child
+    would otherwise fail at start and be restarted in a loop)."""
+    # also here, not only in Settings: settings.model_copy(update=...) skips its validators
+    unknown = [k for k in affinity if k not in (*SUPERVISED_KINDS, REST) or not affinity[k]]
+    if unknown:
+        raise JoynexusError(f"cpu affinity for unknown kind(s) or without CPUs: {unknown}; kinds: "
+                            f"{', '.join(SUPERVISED_KINDS)}, or {REST} for the others")
+    cpus = os.cpu_count() or 1
+    missing = sorted({c for ids in affinity.values() for c in ids if c >= cpus})
+    if missing:
+        raise JoynexusError(f"cpu affinity names CPU(s) {missing}; this machine has 0-{cpus - 1}")
+
+
 def _exit_cause(code: int) -> str:
     if code < 0:
         return f"exited: killed by {signal.Signals(-code).name}"
@@ -114,6 +158,7 @@ class ProcessSupervisor:
         unknown = [k for k in kinds if k not in SUPERVISED_KINDS]
         if unknown:
             raise JoynexusError(f"unknown process kind(s) {unknown}; kinds: {', '.join(SUPERVISED_KINDS)}")
+        _check_affinity(settings.cpu_affinity)
         self.settings = settings
         self.kinds = tuple(kinds)
         self.scale = dict(scale or {})
@@ -143,7 +188,9 @@ class ProcessSupervisor:
         if self.autoscale:
             self._task(self._scale_loop(), "env-autoscale")
         log.info("supervisor running", host=self.host, instances=[i.instance_id for i in self.instances],
-                 logs=str(self.log_dir))
+                 logs=str(self.log_dir),
+                 cpus={k: cpus_for(self.settings.cpu_affinity, k) for k in self.kinds}
+                 if self.settings.cpu_affinity else None)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM to every process, SIGKILL to what is left after ``grace_s`` (default
@@ -176,6 +223,19 @@ class ProcessSupervisor:
 
     def of_kind(self, kind: str) -> list[Instance]:
         return [i for i in self.instances if i.kind == kind and not i.retiring]
+
+    async def wait_healthy(self, timeout_s: float = 600.0) -> None:
+        """Until every instance heartbeats HEALTHY from its current process (metering, a faust
+        worker, sends no heartbeats), e.g. before a benchmark submits its first job."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            beating = {(s.instance_id, s.pid) for s in self.view.book.instances.values()
+                       if s.status == "HEALTHY"}
+            if all((i.instance_id, i.pid) in beating for i in self.instances if i.kind != METERING):
+                return
+            if time.monotonic() > deadline:
+                raise JoynexusError(f"the service did not come up in {timeout_s:.0f} s; see {self.log_dir}")
+            await asyncio.sleep(0.5)
 
     # ------------------------------------------------------------------ processes
     def _task(self, coro, name: str) -> None:

@@ -1,0 +1,52 @@
+"""``benchmarks/multi_tenant.py --deployment processes`` end to end on the smoke scenario: the service
+as OS processes under the supervisor (device host pinned to its own CPU), a warm-up, one isolated and
+one shared run, figures read from the device host's timeline file, bit-identical final parameters,
+and every output file. No assertion on time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("the processes deployment needs two CPUs (device host + the rest)")
+    run_dir, out = tmp_path / "run", tmp_path / "mt.json"
+    env = {**os.environ, "JOYNEXUS_HOME": str(tmp_path / "home"),
+           "JOYNEXUS_BOOTSTRAP_SERVERS": settings.bootstrap, "JOYNEXUS_BACKBONE": "tiny",
+           "JOYNEXUS_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.multi_tenant", "--deployment", "processes", "--scenario", "smoke",
+         "--no-maniskill", "--repeats", "1", "--env-workers", "1", "--json", str(out),
+         "--run-dir", str(run_dir)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["deployment"] == "processes" and result["tenants"] == 3
+    assert result["bit_identical"] == [True] * 3
+    assert [r["mode"] for r in result["runs"]] == ["isolated", "shared"]
+    for run in result["runs"]:
+        # the device host's own forwards, read from its timeline file in another process
+        assert run["forwards_inference"] > 0 and run["forwards_train"] > 0
+        assert run["busy_total_s"] == pytest.approx(run["busy_train_s"] + run["busy_inference_s"])
+        assert run["busy_fraction_total"] == pytest.approx(run["busy_total_s"] / run["device_time_s"])
+        # the same seconds as the device host's heartbeats count (rounded to ms there)
+        assert run["busy_total_s_heartbeats"] == pytest.approx(run["busy_total_s"], rel=0.02, abs=0.05)
+    ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
+    assert result["ratios"]["device_time_s"] == pytest.approx(ratio)
+    assert "device host pinned" in done.stdout
+    for name in ("multi_tenant.json", "comparison.json", "traces.json", "forwards.json", "jobs.json",
+                 "report.html"):
+        assert (run_dir / name).exists(), name
+    assert "deployment processes" in json.loads((run_dir / "comparison.json").read_text())["note"]
