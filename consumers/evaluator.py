@@ -144,7 +144,7 @@ class EvaluatorRole:
         for start in range(0, samples, 32):
             batch = dataset.minibatch(np.arange(start, min(start + 32, samples)), chunk)
             prepared = await asyncio.to_thread(policy.prepare_batch, batch.images, batch.instructions,
-                                               batch.proprio)
+                                               batch.head_proprio(spec.dataset.state_in_proprio))
             features, _ = await forward_grouped_on(self.service.gate, "train", backbone, prepared)
             predicted = policy.act_features(features)
             mask = batch.action_mask[..., None].astype(np.float64)

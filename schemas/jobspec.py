@@ -60,6 +60,9 @@ class EnvSpec(_Section):
 
 class DatasetSpec(_Section):
     path: str  # a dataset directory (producers/dataset/format.py); `joynexus dataset generate` writes one
+    # the recorded state vector joins proprio, as EnvSpec.state_in_proprio does for an env session;
+    # the dataset must be recorded with obs_mode "rgb+state"
+    state_in_proprio: bool = False
 
 
 class ModulesSpec(_Section):

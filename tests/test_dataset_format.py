@@ -249,3 +249,34 @@ def test_minibatches_never_mix_episodes_at_their_boundaries(tmp_path: Path) -> N
     assert data.locate(4) == (1, 0) and data.locate(8) == (2, 2)
     with pytest.raises(DatasetError, match="no sample 9"):
         data.locate(9)
+
+
+def test_state_joins_proprio_only_when_the_job_asks_and_the_dataset_has_it(push_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    from consumers.master import plan
+    from infra.settings import Settings
+    from producers.dataset.feeder import DatasetFeeder
+    from schemas.jobspec import JobSpec
+    from schemas.tensors import to_numpy
+
+    def spec(path: Path, with_state: bool) -> JobSpec:
+        return JobSpec.parse(json.dumps({"kind": "sft", "tenant": "t", "job_id": "j", "seed": 1,
+                                         "dataset": {"path": str(path), "state_in_proprio": with_state}}))
+
+    settings = Settings(home=tmp_path / "home")
+    meta = Dataset(push_dir).meta
+    plain, _ = plan.dataset_dims(spec(push_dir, False), settings)
+    dims, dataset = plan.dataset_dims(spec(push_dir, True), settings)
+    assert (plain.proprio_dim, dims.proprio_dim) == (meta.proprio_dim, meta.proprio_dim + meta.state_dim)
+    job = DatasetFeeder(settings, dataset, plan.feed_plan(spec(push_dir, True), 0, 1)).gradient_job(0)
+    proprio = to_numpy(job.proprio)
+    mb = dataset.minibatch(layout_batches(dataset, 32, 1, 0)[0], 1)
+    assert proprio.shape[1] == dims.proprio_dim  # what the head is built for
+    assert np.array_equal(proprio, np.concatenate([mb.proprio, mb.state], axis=1))
+
+    rgb_only = tmp_path / "rgb"
+    generate_dataset("joynexus/Push-v0", rgb_only, episodes=2, seed=3, obs_mode="rgb", image_size=32,
+                     progress=False)
+    with pytest.raises(plan.CompileError) as refused:
+        plan.dataset_dims(spec(rgb_only, True), settings)
+    assert refused.value.loc == "dataset.state_in_proprio" and "rgb+state" in str(refused.value)

@@ -112,7 +112,13 @@ def dataset_dims(spec: JobSpec, settings: Settings) -> tuple[Dims, Dataset]:
     meta = dataset.meta
     if not meta.has_images:
         raise CompileError("dataset.path", "the dataset has no images; the backbone needs them")
-    return Dims(meta.action_dim, meta.proprio_dim, meta.max_episode_steps), dataset
+    extra = 0
+    if spec.dataset.state_in_proprio:
+        if not meta.has_state:
+            raise CompileError("dataset.state_in_proprio", f"the dataset has no state (obs_mode "
+                                                           f"{meta.obs_mode!r}); record it with rgb+state")
+        extra = meta.state_dim
+    return Dims(meta.action_dim, meta.proprio_dim + extra, meta.max_episode_steps), dataset
 
 
 def tenant_config(spec: JobSpec, hidden_size: int, dims: Dims) -> TenantConfig:
@@ -245,4 +251,5 @@ def feed_plan(spec: JobSpec, version: int, chunk_len: int) -> FeedPlan:
         publish_every=sft.publish_every,
         needs_sequence=spec.modules.suffix,
         max_batches=spec.limits.max_steps,
+        state_in_proprio=spec.dataset.state_in_proprio,
     )

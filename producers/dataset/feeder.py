@@ -48,6 +48,7 @@ class FeedPlan:
     publish_every: int = 0  # the optimizer publishes a version every this many steps (0: at the end)
     needs_sequence: bool = False  # the tenant's modules read the backbone's token states
     max_batches: int | None = None  # stop early (a job's limits.max_steps)
+    state_in_proprio: bool = False  # the recorded state joins proprio (DatasetSpec.state_in_proprio)
 
 
 async def last_sequence(settings: Settings, topic: str, job_id: str, codec: Codec | None = None,
@@ -112,7 +113,7 @@ class DatasetFeeder:
             job_id=self.plan.job_id, batch_id=f"{self.plan.job_id}/e{epoch}/b{batch}", sequence=sequence,
             policy_version=self.plan.policy_version, instructions=tuple(mb.instructions),
             images=from_numpy(mb.images) if mb.images is not None else None,
-            proprio=from_numpy(mb.proprio.astype(np.float32)), targets=targets,
+            proprio=from_numpy(mb.head_proprio(self.plan.state_in_proprio)), targets=targets,
             publish=final or (every > 0 and (sequence + 1) % every == 0), final=final,
             needs_sequence=self.plan.needs_sequence, metrics={"epoch": float(epoch)})
 

@@ -390,6 +390,15 @@ class Minibatch:
     actions: np.ndarray  # float32 [B, chunk_len, A]
     action_mask: np.ndarray  # bool [B, chunk_len]: False where the chunk ran past the episode's end
 
+    def head_proprio(self, with_state: bool) -> np.ndarray:
+        """What a policy head sees beside the image: proprio, then the state vector when the job
+        asks for it (as an env session with ``state_in_proprio`` builds it)."""
+        if not with_state:
+            return self.proprio.astype(np.float32)
+        if self.state is None:
+            raise DatasetError("the job asks for state in proprio but the dataset has no state")
+        return np.concatenate([self.proprio, self.state], axis=1).astype(np.float32)
+
 
 def chunk_targets(actions: np.ndarray, step: int, chunk_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Actions ``step .. step + chunk_len - 1`` of an episode, padded with its last action, and the mask.
