@@ -20,16 +20,17 @@ the first row of the predicted chunk. Printed: per epoch the mean train loss (L1
 every ``--eval-every`` epochs the held-out (mean return, success rate); before training, the
 untrained modules' (the job's version 1).
 
-Two what-ifs the service does not do today: ``dataset.noise`` records the expert with action noise
-(``make_expert(noise=...)``), and ``--state`` records the dataset with ``rgb+state`` and lets the
-state vector (agent, velocity, target positions) join proprio in training AND evaluation, as RL
-tenants get it with ``env.state_in_proprio``.
+``--state`` records the dataset with ``rgb+state`` and lets the state vector (agent, velocity,
+target positions) join proprio in training AND evaluation, as the service does for a job with
+``dataset.state_in_proprio`` (and RL tenants with ``env.state_in_proprio``); the demo's SFT tenant
+runs that way. ``dataset.noise`` (expert action noise, ``make_expert(noise=...)``) is a what-if the
+service does not offer.
 
 Measured (tiny backbone, demo dataset, 24 held-out episodes, success before -> after):
 * the service's own run of the quick demo's spec (20 demos, 2 epochs, batch 32, lr 1e-3, seed 3;
   tests' ``running_stack`` + the demo's ``eval_spec``) scored v1 -5.98 / 0.00 and final -5.50 / 0.00,
   as this script does (and as the last ``make demo`` printed);
-* rgb only, as the service trains SFT today: at most 0.17 (60 demos, up to 40 epochs, hidden 128-256,
+* rgb only (the service's default): at most 0.17 (60 demos, up to 40 epochs, hidden 128-256,
   lr 1e-3-3e-3, expert noise 0-0.6; also 0.12 with ``mini-pretrained``). A linear probe of the tiny
   backbone's features does not find the target (held-out R^2 of its position ~0.1 from the token
   states); the expert's action is predicted from proprio's velocity alone (R^2 0.90), so cloning
