@@ -29,7 +29,6 @@ from rich.live import Live
 from rich.table import Table
 
 from backbone.timeline import group_sizes, read_window
-from infra.errors import JoynexusError
 from infra.logging import configure_logging, get_logger
 from infra.runtime.demo_board import DemoBoard
 from infra.settings import Settings
@@ -173,7 +172,7 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
     try:
         async with Client(settings, requested_by="demo") as client:
             with console.status("starting the service's processes"):
-                await _healthy(supervisor)
+                await supervisor.wait_healthy()
             with Live(board, console=console, refresh_per_second=2, redirect_stderr=verbose):
                 states = await _train(client, specs, board)
                 trained_unix = time.time()
@@ -199,21 +198,6 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
 
     console.print(f"report: {write_run_report(run_dir, settings.timeline_dir, began_unix)}")
     return summary
-
-
-async def _healthy(supervisor, timeout_s: float = 600.0) -> None:
-    """Until every instance heartbeats from its current process (metering, a faust worker, does not)."""
-    from infra.runtime.supervisor import METERING
-
-    deadline = time.monotonic() + timeout_s
-    book = supervisor.view.book
-    while True:
-        beating = {(s.instance_id, s.pid) for s in book.instances.values() if s.status == "HEALTHY"}
-        if all((i.instance_id, i.pid) in beating for i in supervisor.instances if i.kind != METERING):
-            return
-        if time.monotonic() > deadline:
-            raise JoynexusError(f"the service did not come up in {timeout_s:.0f} s; see {supervisor.log_dir}")
-        await asyncio.sleep(0.5)
 
 
 async def _train(client, specs, board: DemoBoard) -> dict:
