@@ -19,8 +19,10 @@ from rich.console import Console
 from backbone.timeline import ForwardRecord, group_sizes
 from infra.runtime.demo_board import DemoBoard
 from infra.settings import Settings
+from infra.topics import tenant_topic
+from schemas import events as ev
 from schemas.jobstate import JobState
-from tests.helpers import wait_for
+from tests.helpers import read_topic, wait_for
 
 SPECS = [
     {"kind": "rl", "tenant": "reach-a", "env": {"env_id": "joynexus/Reach-v0"}},
@@ -112,3 +114,7 @@ async def test_ctrl_c_stops_the_demo_and_its_processes_and_says_where_it_was(set
     assert any(row["phase"].startswith("train") and row["step"] >= 1 for row in partial), partial
     assert "partial.json" in text and str(run_dir) in text.replace("\n", "")
     assert not _children_of(demo.pid)  # every role process went with it
+    for row in partial:  # and its jobs do not resume under the next master on this broker
+        cancels = [r.event for r in await read_topic(settings, tenant_topic(settings, row["tenant"], "jobs"))
+                   if isinstance(r.event, ev.JobCancelled)]
+        assert cancels and all(c.reason == "the demo was interrupted" for c in cancels), row["tenant"]

@@ -17,6 +17,7 @@ stops the processes it started and writes where each tenant was to ``RUN_DIR/par
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import time
@@ -169,21 +170,30 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
     supervisor.log_dir = run_dir / "logs"
     grace_s = None
     await supervisor.start()
+    submitted: list = []  # every job handle, so that an interrupted demo can cancel its jobs
     try:
         async with Client(settings, requested_by="demo") as client:
-            with console.status("starting the service's processes"):
-                await supervisor.wait_healthy()
-            with Live(board, console=console, refresh_per_second=2, redirect_stderr=verbose):
-                states = await _train(client, specs, board)
-                trained_unix = time.time()
-                evals = await _evaluate(client, specs, states, EVAL_EPISODES, tag, board)
-            service_stats = _service_stats(supervisor, time.monotonic() - began)
+            try:
+                with console.status("starting the service's processes"):
+                    await supervisor.wait_healthy()
+                with Live(board, console=console, refresh_per_second=2, redirect_stderr=verbose):
+                    states = await _train(client, specs, board, submitted)
+                    trained_unix = time.time()
+                    evals = await _evaluate(client, specs, states, EVAL_EPISODES, tag, board, submitted)
+                service_stats = _service_stats(supervisor, time.monotonic() - began)
+            except asyncio.CancelledError:
+                # Left alone, the jobs would resume wherever a master next runs on this broker
+                # (the next demo's): the cancel requests go on the log now, confirmed by that master.
+                for handle in submitted:
+                    with contextlib.suppress(Exception):
+                        await client.cancel(handle, reason="the demo was interrupted")
+                raise
     except asyncio.CancelledError:
         grace_s = INTERRUPT_GRACE_S
         (run_dir / "partial.json").write_text(json.dumps(board.snapshot(), indent=2))
         console.print(board)
         console.print(f"stopping after {time.monotonic() - began:.0f} s; where each tenant was: "
-                      f"{run_dir / 'partial.json'}; the jobs' events stay on the broker")
+                      f"{run_dir / 'partial.json'}; its {len(submitted)} jobs are cancelled")
         raise
     finally:
         await supervisor.stop(grace_s)
@@ -200,13 +210,17 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
     return summary
 
 
-async def _train(client, specs, board: DemoBoard) -> dict:
-    handles = [await client.submit(spec) for spec in specs]
+async def _train(client, specs, board: DemoBoard, submitted: list) -> dict:
+    handles = []
+    for spec in specs:
+        handles.append(await client.submit(spec))
+        submitted.append(handles[-1])
     results = await asyncio.gather(*(client.follow(h, board.train, timeout_s=3600) for h in handles))
     return dict(zip(handles, results, strict=True))
 
 
-async def _evaluate(client, specs, states, episodes: int, tag: str, board: DemoBoard) -> dict:
+async def _evaluate(client, specs, states, episodes: int, tag: str, board: DemoBoard,
+                    submitted: list) -> dict:
     """The first and the final version of every completed training job, evaluated on its task."""
     jobs = []
     for spec in specs:
@@ -216,6 +230,7 @@ async def _evaluate(client, specs, states, episodes: int, tag: str, board: DemoB
         first = int(state.resources.get("start_version", "1"))
         for version in sorted({first, state.policy_version}):
             handle = await client.submit(eval_spec(spec, version, episodes, tag))
+            submitted.append(handle)
             jobs.append(((spec["tenant"], version), handle))
 
     async def follow(version: int, handle):
