@@ -53,7 +53,7 @@ def test_board_rows_follow_training_then_evaluation() -> None:
     board.evaluate(JobState("reach-a", "eval-v9", phase="completed", metrics={"success_rate": 0.875}), 9)
     assert "v1: 0.12 -> v9: 0.88" in _render(board)
     (row,) = [r for r in board.snapshot() if r["tenant"] == "reach-a"]
-    assert row["version"] == 9 and row["eval_success"] == {1: 0.125, 9: 0.875}
+    assert row["version"] == 9 and row["eval_success"] == {1: 0.125, 9: 0.875} and row["phase"] == "done"
 
 
 def test_group_sizes_per_queue() -> None:

@@ -32,6 +32,7 @@ class _Row:
     metrics: dict[str, float] = field(default_factory=dict)
     version: int | None = None
     eval_success: dict[int, float] = field(default_factory=dict)  # evaluated version -> success rate
+    evaluating: set[int] = field(default_factory=set)  # versions whose evaluation runs now
 
 
 def _phase(job: str, state: JobState) -> str:
@@ -56,14 +57,22 @@ class DemoBoard:
 
     def evaluate(self, state: JobState, version: int) -> None:
         row = self.rows[state.tenant]
-        row.phase = _phase(f"eval v{version}", state)
-        row.step, row.total = state.step, state.total_steps
+        if not state.terminal:
+            row.evaluating.add(version)
+            row.phase = _phase(f"eval v{version}", state)
+            row.step, row.total = state.step, state.total_steps
+            return
+        row.evaluating.discard(version)
         if state.phase == "completed" and "success_rate" in state.metrics:
             row.eval_success[version] = state.metrics["success_rate"]
+        if state.phase != "completed":
+            row.phase = _phase(f"eval v{version}", state)
+        elif not row.evaluating:
+            row.phase, row.step, row.total = "done", 0, None
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Where every tenant is, as plain data (``partial.json`` of an interrupted demo)."""
-        return [asdict(row) for row in self.rows.values()]
+        return [{**asdict(row), "evaluating": sorted(row.evaluating)} for row in self.rows.values()]
 
     def __rich__(self) -> Table:
         table = Table("tenant", "kind", "task", "phase", "progress", "", "return", "success (train)",
