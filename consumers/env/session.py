@@ -162,6 +162,11 @@ class SessionRunner:
                     self.ports.next_action(observation.session_id, observation.episode_id,
                                            observation.step), self.action_timeout_s)
             except TimeoutError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # Python 3.11's wait_for can swallow a cancel that lands as it times out
+                    # (gh-86296): a revoked session then asked again forever, unseen by its worker
+                    raise asyncio.CancelledError from None
                 self.log.warning("no action in time; asking again", episode=observation.episode_id,
                                  step=observation.step, waited_s=self.action_timeout_s)
 

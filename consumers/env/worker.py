@@ -51,6 +51,7 @@ from schemas.sessions import rollout_key
 __all__ = ["EnvWorker", "progress_key"]
 
 log = get_logger("consumers.env.worker")
+REVOKE_WAIT_S = 5.0  # how long a revoked session gets to end before the rebalance goes on
 GROUP = "env"
 POSITION_WAIT_S = 0.2  # per partition and loop turn; aiokafka's position() alone waits up to 40 s
 
@@ -339,7 +340,10 @@ class EnvWorker:
                 task = self._runners.pop(sid, None)
                 if task:
                     task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
+                    # bounded: this runs in the rebalance listener, which must not wait forever
+                    await asyncio.wait({task}, timeout=REVOKE_WAIT_S)
+                    if not task.done():
+                        log.warning("revoked session still running", session=sid)
                 self._specs.pop(sid, None)
                 self._progress.pop(sid, None)
                 self._home.pop(sid, None)
