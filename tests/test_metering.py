@@ -72,8 +72,11 @@ def worker(settings, tmp_path_factory) -> Iterator[Worker]:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(settings, model_root, tmp_path_factory) -> AsyncIterator[Stack]:
+    # inference's features not shared with training: backbone-train then forwards an RL job's rows
+    # itself, so its metering is exercised too (with sharing it forwards none of them)
     async with running_stack(settings, model_root, tmp_path_factory.mktemp("metered-home"), usage_flush_s=1.0,
-                             metering_window_s=60, check_restarts=False) as s:
+                             metering_window_s=60, check_restarts=False,
+                             feature_cache_from_inference=False) as s:
         yield s
 
 
