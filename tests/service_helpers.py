@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from consumers.service import Service
 from infra.runtime.host import RoleHost
 from infra.settings import Settings
@@ -98,6 +100,16 @@ def iteration_returns(state: JobState) -> dict[int, float]:
             assert out.get(it, entry["mean_return"]) == entry["mean_return"], (it, entry, out)
             out[it] = entry["mean_return"]
     return dict(sorted(out.items()))
+
+
+def assert_same_state(a, b, what: str) -> None:
+    """Two checkpoints' states equal bit for bit: the step, and every model and optimizer tensor."""
+    assert a.step == b.step
+    for part in ("model", "train"):
+        ta, tb = getattr(a, part), getattr(b, part)
+        assert sorted(ta) == sorted(tb)
+        differ = [name for name in ta if not torch.equal(ta[name], tb[name])]
+        assert not differ, f"{what}: {part} tensors differ: {differ}"
 
 
 def tree_digest(root: Path) -> dict[str, str]:

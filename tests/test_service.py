@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pytest_asyncio
-import torch
 
 from infra.topics import tenant_topic
 from producers.client.sdk import JobHandle
@@ -25,7 +24,15 @@ from schemas import events as ev
 from schemas.jobstate import JobState
 from schemas.tensors import from_numpy, to_numpy
 from tests.helpers import wait_for
-from tests.service_helpers import SMALL_ENV, Stack, held_out, iteration_returns, running_stack, tree_digest
+from tests.service_helpers import (
+    SMALL_ENV,
+    Stack,
+    assert_same_state,
+    held_out,
+    iteration_returns,
+    running_stack,
+    tree_digest,
+)
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -215,14 +222,9 @@ async def test_grouped_run_equals_run_alone(stack: Stack, unique: str, reach_dem
     versions = stack.store.versions(alone_t)
     assert versions == stack.store.versions(grouped_t) == [1, 2, 3]
 
-    def same(version: int) -> None:
-        a, b = stack.store.load(alone_t, version).state, stack.store.load(grouped_t, version).state
-        assert a.step == b.step
-        for part in ("model", "train"):  # the modules, and the optimizer state with the slot's RNG
-            ta, tb = getattr(a, part), getattr(b, part)
-            assert sorted(ta) == sorted(tb)
-            differ = [name for name in ta if not torch.equal(ta[name], tb[name])]
-            assert not differ, f"version {version}: {part} tensors differ: {differ}"
+    def same(version: int) -> None:  # the modules, and the optimizer state with the slot's RNG
+        assert_same_state(stack.store.load(alone_t, version).state,
+                          stack.store.load(grouped_t, version).state, f"version {version}")
 
     same(1)  # the initial modules: the seed alone
     # the episodes: same resets, same sampled actions, whoever shared the inference forwards
@@ -262,13 +264,8 @@ async def test_parallel_env_sessions_change_nothing_in_the_result(stack: Stack, 
     versions = stack.store.versions(one_t)
     assert versions == stack.store.versions(four_t) == [1, 2, 3]
     for version in versions:
-        a, b = stack.store.load(one_t, version).state, stack.store.load(four_t, version).state
-        assert a.step == b.step
-        for part in ("model", "train"):
-            ta, tb = getattr(a, part), getattr(b, part)
-            assert sorted(ta) == sorted(tb)
-            differ = [name for name in ta if not torch.equal(ta[name], tb[name])]
-            assert not differ, f"version {version}: {part} tensors differ with envs=4: {differ}"
+        assert_same_state(stack.store.load(one_t, version).state, stack.store.load(four_t, version).state,
+                          f"version {version} with envs=4")
 
 
 async def first_step(stack: Stack, job: JobState) -> ev.RolloutRecord:
