@@ -3,11 +3,16 @@
 ``await batcher.submit(request)`` returns that request's VLAFeature. Requests
 are normalised on submit (a bad one fails there, alone) and queued in the
 bucket of their key (see ``backbone.inputs``). A bucket is flushed when it
-holds ``target_batch`` requests (B) or when its oldest request has waited
-``max_wait_ms`` (T); one flush takes at most ``max_batch`` requests, oldest
-first, and runs ONE forward. Results go back to each request's own future, so
-nothing is lost or reordered. If a forward fails, each request of the group is
-retried alone, so only the culprit sees the error.
+holds ``target_batch`` requests (B), when its oldest request has waited
+``max_wait_ms`` (T), or when it is complete: every source (an env session, given
+as ``submit(request, source=...)``) answered in the last ``active_window_s``
+has a request queued again, so nobody else is coming soon. One flush takes at
+most ``max_batch`` requests, oldest first, and runs ONE forward. The
+completeness rule lets T be long enough for sessions answered together to come
+back together (bigger groups) without making a lone session wait T per step.
+Results go back to each request's own future, so nothing is lost or reordered.
+If a forward fails, each request of the group is retried alone, so only the
+culprit sees the error.
 
 The forward runs through ``backbone.grouped`` (in a worker thread, on the device
 gate's queue when one is given): the event loop stays responsive, and one forward
@@ -46,12 +51,15 @@ class BatcherConfig:
     target_batch: int = 8  # B
     max_wait_ms: float = 10.0  # T
     max_batch: int = 32
+    active_window_s: float = 1.0  # a source answered this recently is expected back
 
     def __post_init__(self) -> None:
         if not 1 <= self.target_batch <= self.max_batch:
             raise ValueError("need 1 <= target_batch <= max_batch")
         if self.max_wait_ms < 0:
             raise ValueError("max_wait_ms must be >= 0")
+        if self.active_window_s < 0:
+            raise ValueError("active_window_s must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,8 @@ class GroupRecord:
     key: BucketKey
     size: int
     tenants: tuple[str, ...]  # one entry per request, in group order
-    reason: str  # "full" (reached B), "timeout" (waited T) or "drain" (stopping)
+    reason: str  # "full" (reached B), "complete" (every active source asked), "timeout" (waited T)
+    # or "drain" (stopping)
     wait_s: float  # how long the oldest request waited
     busy_s: float  # backbone forward time (inside the device gate; retries alone included)
     retried_alone: bool = False
@@ -71,6 +80,7 @@ class _Pending:
     future: asyncio.Future
     enqueued: float
     key: str | None = None  # in the feature cache
+    source: str | None = None  # who will ask again once answered (an env session)
 
 
 class GroupBatcher:
@@ -87,6 +97,7 @@ class GroupBatcher:
         self.on_group = on_group
         self.records: deque[GroupRecord] = deque(maxlen=100_000)  # a service runs for days
         self._buckets: dict[BucketKey, deque[_Pending]] = {}
+        self._answered: dict[BucketKey, dict[str, float]] = {}  # source -> when last answered
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -111,13 +122,15 @@ class GroupBatcher:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def submit(self, request: VLARequest) -> VLAFeature:
-        """Queue one request; returns its features once its group has run."""
+    async def submit(self, request: VLARequest, source: str | None = None) -> VLAFeature:
+        """Queue one request; returns its features once its group has run. ``source`` names who
+        sends it (an env session): only grouping uses it, never the result."""
         if self._task is None or self._stopping:
             raise RuntimeError("GroupBatcher is not running")
         prepared, key = await asyncio.to_thread(self._prepare, request)  # InvalidRequest: alone
         future = asyncio.get_running_loop().create_future()
-        self._buckets.setdefault(prepared.key, deque()).append(_Pending(prepared, future, self.clock(), key))
+        self._buckets.setdefault(prepared.key, deque()).append(
+            _Pending(prepared, future, self.clock(), key, source))
         self._wake.set()
         return await future
 
@@ -145,10 +158,21 @@ class GroupBatcher:
                 candidates.append((queue[0].enqueued, key, "drain"))
             elif now - queue[0].enqueued >= wait_s:
                 candidates.append((queue[0].enqueued, key, "timeout"))
+            elif self._complete(key, queue, now):
+                candidates.append((queue[0].enqueued, key, "complete"))
         if not candidates:
             return None
         _, key, reason = min(candidates, key=lambda c: c[0])  # oldest request first
         return key, reason
+
+    def _complete(self, key: BucketKey, queue: deque[_Pending], now: float) -> bool:
+        """True when every source answered in the last window has asked again (none is expected)."""
+        answered = self._answered.get(key, {})
+        for source in [s for s, at in answered.items() if now - at > self.config.active_window_s]:
+            del answered[source]  # gone quiet (a closed session): it no longer holds groups back
+        if any(p.source is None for p in queue):
+            return False  # an anonymous request waits for B or T, as before sources existed
+        return answered.keys() <= {p.source for p in queue}
 
     def _next_deadline_s(self) -> float | None:
         oldest = [q[0].enqueued for q in self._buckets.values() if q]
@@ -193,6 +217,11 @@ class GroupBatcher:
                     _resolve(pending.future, feature)
                 except Exception as alone:
                     _fail(pending.future, alone)
+        answered_at = self.clock()
+        answered = self._answered.setdefault(key, {})
+        for pending in group:
+            if pending.source is not None:
+                answered[pending.source] = answered_at
         record = GroupRecord(key, len(group), tuple(p.prepared.tenant for p in group), reason,
                              wait_s, self._busy_s, retried)
         self.records.append(record)

@@ -60,7 +60,7 @@ import numpy as np
 from backbone.timeline import ForwardRecord
 
 Duration = Callable[[str, int], float]
-INFERENCE_WINDOW_S = 0.005  # settings.inference_max_wait_ms default (T)
+INFERENCE_WINDOW_S = 0.005  # T of the runs this model was checked against (the default is now 50 ms)
 INFERENCE_MAX_ROWS = 32
 
 

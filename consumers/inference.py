@@ -5,7 +5,9 @@ Consumer group ``inference`` on the tenants' observations topics. Each
 observation becomes a task: its backbone request joins the group batcher
 (flush at B requests or after T ms, one forward per compatible group, on the
 device gate's inference queue, which goes before training), then the
-tenant's head acts on its own feature row. The policy is the version the
+tenant's head acts on its own feature row. A group also flushes as soon as every
+session answered in the last second has asked again (``backbone.batcher``), so
+T can be long enough for sessions answered together to come back together. The policy is the version the
 session is pinned to (sync RL, evaluation), or the tenant's latest published
 version: ``PolicyVersionPublished`` events are followed, and a new version is
 used from the next observation on, without pausing anyone (hot swap).
@@ -344,7 +346,8 @@ class InferenceRole:
         if version is None:
             raise SchemaError(f"tenant {tenant} has no published policy version yet")
         slot = await self._policy(tenant, version)
-        feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio))
+        feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio),
+                                            source=f"{tenant}/{obs.session_id}")
         generator = action_generator(session.action_seed, _episode_seed(session, obs.episode_id), obs.step)
         with torch.no_grad():
             out = slot.policy.act(feature.detach(), generator, session.deterministic)

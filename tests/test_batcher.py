@@ -1,4 +1,5 @@
-"""GroupBatcher: flushes on B and on T, never loses or reorders, isolates bad requests.
+"""GroupBatcher: flushes on B, on T and when every recently answered session asked again; never loses
+or reorders, isolates bad requests.
 A controllable clock decides what "T has passed" means: no timing assertions."""
 
 from __future__ import annotations
@@ -125,3 +126,43 @@ async def test_stop_drains_what_is_queued(backbones: dict[str, Backbone]) -> Non
     assert [r.reason for r in batcher.records] == ["drain"]
     with pytest.raises(RuntimeError, match="not running"):
         await batcher.submit(requests(1)[0])
+
+
+async def test_a_group_flushes_once_every_recently_answered_session_asked_again(
+        backbones: dict[str, Backbone]) -> None:
+    clock = FakeClock()  # frozen: T (10 s here) never passes, so only completeness flushes
+    config = BatcherConfig(target_batch=8, max_wait_ms=10_000, active_window_s=1.0)
+    batcher = GroupBatcher(backbones["tiny"], config, clock)
+    a, b, c = requests(3, words=4)
+
+    async def ask(*pairs: tuple[VLARequest, str]) -> list[asyncio.Task]:
+        tasks = [asyncio.create_task(batcher.submit(r, source=s)) for r, s in pairs]
+        await _settle()
+        return tasks
+
+    async with batcher:
+        await batcher.submit(a, source="s-a")  # nobody else was ever answered: complete alone
+        waiting = await ask((b, "s-b"), (c, "s-c"))  # s-a was answered just now: it is expected
+        assert len(batcher.records) == 1 and batcher.pending() == 2
+        await asyncio.gather(*waiting, *await ask((a, "s-a")))
+        # all three answered together: two of them asking again is not a group yet
+        waiting = await ask((a, "s-a"), (b, "s-b"))
+        assert len(batcher.records) == 2 and batcher.pending() == 2
+        await asyncio.gather(*waiting, *await ask((c, "s-c")))
+        # s-c goes quiet (its session ended): after the window it no longer holds the others back
+        waiting = await ask((a, "s-a"), (b, "s-b"))
+        assert len(batcher.records) == 3
+        clock.now += 1.01
+        batcher.wake()
+        await asyncio.gather(*waiting)
+    assert [(r.size, r.reason) for r in batcher.records] == [
+        (1, "complete"), (3, "complete"), (3, "complete"), (2, "complete")]
+
+
+async def test_a_lone_session_never_waits_t(backbones: dict[str, Backbone]) -> None:
+    clock = FakeClock()
+    batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=10_000), clock)
+    async with batcher:
+        for request in requests(4, words=4):
+            await batcher.submit(request, source="only")
+    assert [(r.size, r.reason) for r in batcher.records] == [(1, "complete")] * 4
