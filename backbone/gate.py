@@ -16,6 +16,13 @@ training forwards (a moving average over the forwards it saw) and
 forward splits a training group into chunks and an inference forward waits at
 most about one budget. Chunking changes no feature: a row computes the same
 whatever shares its forward (``backbone/grouped.py``).
+
+Inference first must not mean training never: with enough sessions, some
+inference is always queued when a forward ends (the real-weights backbone on
+2 CPU cores with 18 sessions starved training for 60 s, and the health role
+judged backbone-train HUNG). With a ``train_max_wait_s``, a training forward
+that has waited that long goes next, ahead of queued inference: inference then
+waits at most one training chunk per ``train_max_wait_s``.
 """
 
 from __future__ import annotations
@@ -35,10 +42,14 @@ SMOOTHING = 0.3  # weight of the newest forward in the seconds-per-row average
 
 
 class DeviceGate:
-    def __init__(self, train_budget_s: float | None = None) -> None:
+    def __init__(self, train_budget_s: float | None = None, train_max_wait_s: float | None = None) -> None:
         if train_budget_s is not None and train_budget_s <= 0:
             raise ValueError(f"train_budget_s must be positive or None, got {train_budget_s}")
+        if train_max_wait_s is not None and train_max_wait_s < 0:
+            raise ValueError(f"train_max_wait_s must be >= 0 or None, got {train_max_wait_s}")
         self.train_budget_s = train_budget_s
+        self.train_max_wait_s = train_max_wait_s
+        self._train_since: list[float] = []  # when each waiting training forward began to wait
         self.row_s: dict[str, float | None] = {q: None for q in QUEUES}  # seconds per row, averaged
         self._busy = False
         self._waiting = {q: 0 for q in QUEUES}
@@ -48,8 +59,15 @@ class DeviceGate:
         self.started = time.monotonic()
         self.timeline = ForwardLog()  # one record per forward: the report's device timeline
 
-    def _may_go(self, queue: str) -> bool:
-        return not self._busy and (queue == "inference" or self._waiting["inference"] == 0)
+    def _starving(self, since: float) -> bool:
+        return self.train_max_wait_s is not None and time.monotonic() - since >= self.train_max_wait_s
+
+    def _may_go(self, queue: str, since: float) -> bool:
+        if self._busy:
+            return False
+        if queue == "inference":
+            return not (self._train_since and self._starving(min(self._train_since)))
+        return self._waiting["inference"] == 0 or self._starving(since)
 
     def chunk_rows(self, queue: str) -> int | None:
         """The most rows one forward of ``queue`` should take (None: no bound). Only training
@@ -70,12 +88,17 @@ class DeviceGate:
         rows = rows or len(tenants) or None
         if queue not in QUEUES:
             raise ValueError(f"queue must be one of {QUEUES}, got {queue!r}")
+        since = time.monotonic()
         async with self._changed:
             self._waiting[queue] += 1
+            if queue == "train":
+                self._train_since.append(since)
             try:
-                await self._changed.wait_for(lambda: self._may_go(queue))
+                await self._changed.wait_for(lambda: self._may_go(queue, since))
             finally:
                 self._waiting[queue] -= 1
+                if queue == "train":
+                    self._train_since.remove(since)
             self._busy = True
         began = time.monotonic()
         start_s = self.timeline.now()

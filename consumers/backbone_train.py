@@ -101,7 +101,9 @@ class BackboneTrainRole:
         self.aborted = 0
 
     def workload(self) -> Workload:
-        return Workload((self.consumer,), done=self.jobs,
+        # a poll's forwards run in chunks between inference's (backbone.gate): each chunk is progress,
+        # or a long poll behind busy inference would look HUNG before its jobs finish
+        return Workload((self.consumer,), done=self.jobs + self.service.gate.forwards["train"],
                         details={"forwards": self.groups, "mean_group_rows": round(self.mean_group_rows, 2),
                                  "rows_forwarded": self.rows, "rows_requested": self.rows_requested,
                                  "cache_hits": self.hits, "commits": self.committed,

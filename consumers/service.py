@@ -72,7 +72,9 @@ class Service:
             backbone = load_backbone(settings)
         info = backbone.info if backbone is not None else describe_backbone(settings)
         budget = settings.train_forward_budget_ms
-        gate = DeviceGate(train_budget_s=None if budget is None else budget / 1000.0)
+        starve = settings.train_max_wait_ms
+        gate = DeviceGate(train_budget_s=None if budget is None else budget / 1000.0,
+                          train_max_wait_s=None if starve is None else starve / 1000.0)
         features = None
         if backbone is not None:
             from backbone.feature_cache import FeatureCache

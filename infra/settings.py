@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     train_forward_budget_ms: float | None = Field(
         200.0, gt=0, description="Longest a training forward may hold the device (rows split into chunks "
         "sized to it, so inference goes between them); unset: one forward per group.")
+    train_max_wait_ms: float | None = Field(
+        2000.0, ge=0, description="A training forward that waited this long goes before queued inference "
+        "(inference first, but training never starves); unset: inference always first.")
     train_feature_cache_mb: float = Field(
         512.0, ge=0, description="The device host keeps features by content up to this size, so PPO and SFT "
         "epochs forward each distinct input once; 0: off.")

@@ -1,6 +1,6 @@
 """The device gate's latency bound: training groups split into chunks sized to a budget, inference
-going between the chunks, and not one feature changed by the split. Order is observed, not timed."""
-
+going between the chunks, and not one feature changed by the split; and training never starved by
+inference that never stops. Order is observed, not timed."""
 from __future__ import annotations
 
 import asyncio
@@ -75,3 +75,35 @@ async def test_inference_goes_between_the_chunks_of_a_training_group(backbones: 
     unbounded.release.set()
     await forward_grouped_on(DeviceGate(), "train", unbounded, prepared)
     assert unbounded.calls == [24]
+
+
+async def _forwards_before_training(gate: DeviceGate, limit: int) -> int:
+    """Two inference loops keep one inference forward always queued, ``limit`` forwards in all;
+    returns how many had run when one training forward got the device (``limit`` or more: it only
+    got it once inference stopped)."""
+    done, at = 0, None
+
+    async def inference() -> None:
+        nonlocal done
+        while at is None and done < limit:
+            async with gate.use("inference"):
+                await asyncio.sleep(0.005)
+            done += 1
+
+    async def train() -> None:
+        nonlocal at
+        async with gate.use("train"):
+            at = done
+
+    loops = [asyncio.create_task(inference()) for _ in range(2)]
+    while gate._waiting["inference"] == 0:  # one holds the device, the other waits
+        await asyncio.sleep(0.001)
+    await asyncio.gather(train(), *loops)
+    assert at is not None
+    return at
+
+
+async def test_training_waits_behind_inference_but_never_starves() -> None:
+    assert await _forwards_before_training(DeviceGate(), limit=200) >= 200  # strict priority starves
+    ran = await _forwards_before_training(DeviceGate(train_max_wait_s=0.05), limit=10_000)
+    assert 2 <= ran < 10_000  # inference went first for a while, then training got its turn
