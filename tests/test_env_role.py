@@ -149,6 +149,11 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
     # Every rollout step was answered; an observation may be asked twice (a rebalance restarts
     # a running episode, or an answer was late), never recorded twice.
     assert source.answered >= total_steps
+    # the worker's heartbeat says how long its latest steps waited for their action
+    waits = beats[-1].details
+    assert int(waits["action_waits"]) >= total_steps
+    assert 0 < float(waits["action_wait_p50_ms"]) <= float(waits["action_wait_p99_ms"]) \
+        <= float(waits["action_wait_max_ms"])
 
 
 async def test_the_next_session_of_a_tenant_reuses_the_finished_sessions_simulator(settings: Settings,

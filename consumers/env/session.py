@@ -18,6 +18,7 @@ instance; a hung thread is abandoned), tells the tenant with an
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -59,6 +60,8 @@ class SessionPorts:
     make_simulator: Callable[[ev.EnvSessionRequested], Simulator]
     # a cleanly finished session's simulator goes here, for the next session like it (pool.py)
     release_simulator: Callable[[ev.EnvSessionRequested, Simulator], None] | None = None
+    # seconds from an observation's first publish to its action, re-asks included (the worker's stats)
+    action_waited: Callable[[float], None] | None = None
 
 
 class SessionRunner:
@@ -155,12 +158,16 @@ class SessionRunner:
         """Publish an observation and wait for its action; ask again if none comes in time
         (an inference worker may have died with it). Answers are keyed by (episode, step),
         so a duplicate answer is simply dropped."""
+        asked = time.monotonic()
         while True:
             await self.ports.publish_observation(observation)
             try:
-                return await asyncio.wait_for(
+                action = await asyncio.wait_for(
                     self.ports.next_action(observation.session_id, observation.episode_id,
                                            observation.step), self.action_timeout_s)
+                if self.ports.action_waited is not None:
+                    self.ports.action_waited(time.monotonic() - asked)
+                return action
             except TimeoutError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():

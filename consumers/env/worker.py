@@ -17,9 +17,11 @@ actions answering observations published from then on matter.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 import uuid
+from collections import deque
 from collections.abc import Callable
 
 from aiokafka import ConsumerRebalanceListener
@@ -53,6 +55,7 @@ __all__ = ["EnvWorker", "progress_key"]
 log = get_logger("consumers.env.worker")
 REVOKE_WAIT_S = 5.0  # how long a revoked session gets to end before the rebalance goes on
 GROUP = "env"
+ACTION_WAITS_KEPT = 2000  # the heartbeat's action-wait percentiles are over the latest steps
 POSITION_WAIT_S = 0.2  # per partition and loop turn; aiokafka's position() alone waits up to 40 s
 
 
@@ -92,6 +95,7 @@ class EnvWorker:
             listener=_Listener(self), assignors=(RangePartitionAssignor,))
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
         self.answered = 0  # actions received for a waiting step: the worker's progress (a re-ask is not)
+        self.action_waits: deque[float] = deque(maxlen=ACTION_WAITS_KEPT)  # seconds, newest last
         self._starting_beats = 0  # heartbeats taken while a simulator was starting: progress too
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
@@ -130,7 +134,19 @@ class EnvWorker:
         return Workload((self.consumer,), done=self.answered + self._starting_beats,
                         details={"sessions": len(self._runners), "group": self.group_id,
                                  "simulators_started": self.simulators.made,
-                                 "simulators_reused": self.simulators.reused})
+                                 "simulators_reused": self.simulators.reused, **self._wait_stats()})
+
+    def _wait_stats(self) -> dict[str, float]:
+        """How long the latest steps waited for their action (ms): what a user feels of the service."""
+        if not self.action_waits:
+            return {}
+        waits = sorted(self.action_waits)
+
+        def ms(q: float) -> float:  # nearest rank
+            return round(1000 * waits[max(0, math.ceil(q * len(waits)) - 1)], 1)
+
+        return {"action_waits": len(waits), "action_wait_p50_ms": ms(0.5), "action_wait_p99_ms": ms(0.99),
+                "action_wait_max_ms": ms(1.0)}
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -245,7 +261,7 @@ class EnvWorker:
             await self._commit(sessions_tp, records, progress)
 
         return SessionPorts(publish_observation, commit_episode, publish_status, self.next_action,
-                            self.simulators.acquire, self.simulators.release)
+                            self.simulators.acquire, self.simulators.release, self.action_waits.append)
 
     async def _commit(self, tp: TopicPartition, records: list[ev.RolloutRecord],
                       progress: ev.EnvSessionProgress) -> None:

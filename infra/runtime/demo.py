@@ -179,8 +179,9 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
                 with Live(board, console=console, refresh_per_second=2, redirect_stderr=verbose):
                     states = await _train(client, specs, board, submitted)
                     trained_unix = time.time()
+                    waits = _action_waits(supervisor)  # before the evaluations' steps replace them
                     evals = await _evaluate(client, specs, states, EVAL_EPISODES, tag, board, submitted)
-                service_stats = _service_stats(supervisor, time.monotonic() - began)
+                service_stats = _service_stats(supervisor, time.monotonic() - began) | waits
             except asyncio.CancelledError:
                 # Left alone, the jobs would resume wherever a master next runs on this broker
                 # (the next demo's): the cancel requests go on the log now, confirmed by that master.
@@ -280,6 +281,15 @@ def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
         "train_rows_forwarded": train.get("rows_forwarded", 0.0),
         "process_restarts": float(len(restarts)),
     }
+
+
+def _action_waits(supervisor) -> dict[str, float]:
+    """How long env steps waited for their action while the jobs trained: the worst env worker's
+    p50, p99 and max over its latest steps (each worker's heartbeat keeps 2000)."""
+    stats = [state.details for state in supervisor.view.book.of_role("env")
+             if "action_wait_p50_ms" in state.details]
+    return {f"action_wait_{name}_ms": max(float(d[f"action_wait_{name}_ms"]) for d in stats)
+            for name in ("p50", "p99", "max")} if stats else {}
 
 
 def _summary(specs, states, evals, service_stats) -> dict[str, Any]:
