@@ -62,6 +62,9 @@ class SessionPorts:
     release_simulator: Callable[[ev.EnvSessionRequested, Simulator], None] | None = None
     # seconds from an observation's first publish to its action, re-asks included (the worker's stats)
     action_waited: Callable[[float], None] | None = None
+    # False once the worker no longer runs this session (its partition was revoked): answers for it
+    # go to whichever worker has it now, so asking again would only load inference for nobody
+    still_mine: Callable[[], bool] | None = None
 
 
 class SessionRunner:
@@ -170,9 +173,13 @@ class SessionRunner:
                 return action
             except TimeoutError:
                 task = asyncio.current_task()
-                if task is not None and task.cancelling():
+                revoked = self.ports.still_mine is not None and not self.ports.still_mine()
+                if revoked or (task is not None and task.cancelling()):
                     # Python 3.11's wait_for can swallow a cancel that lands as it times out
-                    # (gh-86296): a revoked session then asked again forever, unseen by its worker
+                    # (gh-86296), and a quick demo on mini-pretrained still had a revoked session
+                    # ask again for 50 s on the worker that lost it: its worker's word decides
+                    self.log.info("revoked session stops asking", episode=observation.episode_id,
+                                  step=observation.step)
                     raise asyncio.CancelledError from None
                 self.log.warning("no action in time; asking again", episode=observation.episode_id,
                                  step=observation.step, waited_s=self.action_timeout_s)

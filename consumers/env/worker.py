@@ -261,7 +261,13 @@ class EnvWorker:
             await self._commit(sessions_tp, records, progress)
 
         return SessionPorts(publish_observation, commit_episode, publish_status, self.next_action,
-                            self.simulators.acquire, self.simulators.release, self.action_waits.append)
+                            self.simulators.acquire, self.simulators.release, self.action_waits.append,
+                            self._runs_current_task)
+
+    def _runs_current_task(self) -> bool:
+        """Whether the calling session task is still one this worker runs (not revoked since)."""
+        task = asyncio.current_task()
+        return any(runner is task for runner in self._runners.values())
 
     async def _commit(self, tp: TopicPartition, records: list[ev.RolloutRecord],
                       progress: ev.EnvSessionProgress) -> None:
