@@ -159,6 +159,11 @@ class Settings(BaseSettings):
                          "partitions of a sessions topic never helps).")
     env_sessions_per_worker: int = Field(
         4, ge=1, description="Scale env workers so that each hosts about this many running sessions.")
+    env_scale_down_after_s: float = Field(
+        120.0, ge=0, description="Env workers are retired only after fewer would have done for this long: "
+        "a sync RL job's pause between iterations (its update) must not shuffle its sessions (with 20 s, "
+        "a mini-pretrained demo scaled 2 -> 3 -> 2 every iteration, and each rebalance restarted sessions "
+        "and cost their steps a 10 s re-ask).")
     stop_grace_s: float = Field(15.0, gt=0, description="SIGTERM to SIGKILL, when stopping processes.")
     cpu_affinity: dict[str, list[int]] = Field(
         default_factory=dict, description="CPU ids per process kind for `joynexus up`'s children, e.g. "

@@ -24,7 +24,7 @@ Env workers are elastic: every few seconds the supervisor asks
 ``scaling.env_target`` how many this machine should run, from what its env
 workers report, starts new ones at once and retires one (SIGTERM: its sessions
 are handed back through a rebalance and resume elsewhere at their first
-uncommitted episode) when the target stayed lower for ``_DOWN_AFTER_S``.
+uncommitted episode) when the target stayed lower for ``env_scale_down_after_s``.
 
 CPU affinity (``settings.cpu_affinity``, ``up --cpus device=0,rest=1``): every child pins
 itself to its kind's CPUs at start (``affinity.py``), restarts included; the supervisor only
@@ -71,7 +71,6 @@ SUPERVISED_KINDS = (*KINDS, METERING)
 #: What ``joynexus up`` runs on one machine by default.
 DEFAULT_KINDS = ("device", "master", "env", "optimizer", "rollout", "evaluator", "health", METERING)
 _SCALE_EVERY_S = 2.0
-_DOWN_AFTER_S = 20.0
 
 
 @dataclass
@@ -350,7 +349,7 @@ class ProcessSupervisor:
         elif target < len(workers):
             now = time.monotonic()
             self._low_since = self._low_since or now
-            if forced or now - self._low_since >= _DOWN_AFTER_S:
+            if forced or now - self._low_since >= self.settings.env_scale_down_after_s:
                 self._low_since = None
                 for inst in sorted(workers, key=lambda i: i.index)[target:]:
                     log.info("scaling env workers down", workers=len(workers), target=target,
