@@ -154,6 +154,7 @@ async def test_three_tenants_step_concurrently_each_in_its_own_topics(settings: 
     assert int(waits["action_waits"]) >= total_steps
     assert 0 < float(waits["action_wait_p50_ms"]) <= float(waits["action_wait_p99_ms"]) \
         <= float(waits["action_wait_max_ms"])
+    assert int(waits["late_actions"]) == sum(1 for w in worker.action_waits if w >= 10.0)
 
 
 async def test_the_next_session_of_a_tenant_reuses_the_finished_sessions_simulator(settings: Settings,

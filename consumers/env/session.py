@@ -34,6 +34,7 @@ __all__ = ["PolicyFailed", "SessionPorts", "SessionRunner", "SimulatorFailed", "
 
 log = get_logger("consumers.env.session")
 START_TIMEOUT_S = 300.0  # a simulator's start, which may import and initialise a physics engine
+ACTION_TIMEOUT_S = 10.0  # an env that waited this long for an action asks again
 
 
 class SimulatorFailed(Exception):
@@ -70,7 +71,7 @@ class SessionPorts:
 class SessionRunner:
     def __init__(self, spec: ev.EnvSessionRequested, progress: ev.EnvSessionProgress | None,
                  ports: SessionPorts, worker_id: str, step_timeout_s: float = 30.0,
-                 max_restarts: int = 3, action_timeout_s: float = 10.0):
+                 max_restarts: int = 3, action_timeout_s: float = ACTION_TIMEOUT_S):
         self.spec = spec
         self.ports = ports
         self.worker_id = worker_id

@@ -32,7 +32,7 @@ from aiokafka.structs import TopicPartition
 from consumers.bus.loop import make_consumer
 from consumers.bus.protocols import Workload
 from consumers.env.pool import SimulatorPool
-from consumers.env.session import SessionPorts, SessionRunner
+from consumers.env.session import ACTION_TIMEOUT_S, SessionPorts, SessionRunner
 from envs.base import Simulator
 from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
@@ -96,6 +96,7 @@ class EnvWorker:
         self.producer = EventProducer(settings, self.codec, client_id=f"env-{self.worker_id}")
         self.answered = 0  # actions received for a waiting step: the worker's progress (a re-ask is not)
         self.action_waits: deque[float] = deque(maxlen=ACTION_WAITS_KEPT)  # seconds, newest last
+        self.late_actions = 0  # steps whose action came after the session's re-ask interval
         self._starting_beats = 0  # heartbeats taken while a simulator was starting: progress too
         self._txn: dict[TopicPartition, EventProducer] = {}
         self._txn_locks: dict[TopicPartition, asyncio.Lock] = {}
@@ -146,7 +147,7 @@ class EnvWorker:
             return round(1000 * waits[max(0, math.ceil(q * len(waits)) - 1)], 1)
 
         return {"action_waits": len(waits), "action_wait_p50_ms": ms(0.5), "action_wait_p99_ms": ms(0.99),
-                "action_wait_max_ms": ms(1.0)}
+                "action_wait_max_ms": ms(1.0), "late_actions": self.late_actions}
 
     async def _loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -261,8 +262,12 @@ class EnvWorker:
             await self._commit(sessions_tp, records, progress)
 
         return SessionPorts(publish_observation, commit_episode, publish_status, self.next_action,
-                            self.simulators.acquire, self.simulators.release, self.action_waits.append,
+                            self.simulators.acquire, self.simulators.release, self._action_waited,
                             self._runs_current_task)
+
+    def _action_waited(self, seconds: float) -> None:
+        self.action_waits.append(seconds)
+        self.late_actions += seconds >= ACTION_TIMEOUT_S
 
     def _runs_current_task(self) -> bool:
         """Whether the calling session task is still one this worker runs (not revoked since)."""

@@ -285,11 +285,15 @@ def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
 
 def _action_waits(supervisor) -> dict[str, float]:
     """How long env steps waited for their action while the jobs trained: the worst env worker's
-    p50, p99 and max over its latest steps (each worker's heartbeat keeps 2000)."""
+    p50, p99 and max over its latest steps (each worker's heartbeat keeps 2000), and the steps whose
+    action came after the env's 10 s re-ask (each env instance's latest count)."""
     stats = [state.details for state in supervisor.view.book.of_role("env")
              if "action_wait_p50_ms" in state.details]
-    return {f"action_wait_{name}_ms": max(float(d[f"action_wait_{name}_ms"]) for d in stats)
-            for name in ("p50", "p99", "max")} if stats else {}
+    if not stats:
+        return {}
+    out = {f"action_wait_{name}_ms": max(float(d[f"action_wait_{name}_ms"]) for d in stats)
+           for name in ("p50", "p99", "max")}
+    return out | {"actions_later_than_10s": float(sum(int(d.get("late_actions", 0)) for d in stats))}
 
 
 def _summary(specs, states, evals, service_stats) -> dict[str, Any]:
