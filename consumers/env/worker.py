@@ -362,15 +362,16 @@ class EnvWorker:
             self._actions_ready.add(tp)
 
     async def _revoke(self, revoked: set[TopicPartition]) -> None:
+        # Everything of the revoked partitions is forgotten before the first await: the main loop
+        # runs while this waits, and it restarted a session whose spec was still here (a zombie
+        # that asked for step 0 every 10 s for minutes on a worker that no longer read its actions).
+        tasks = {}
         for sid, tp in list(self._home.items()):
             if tp in revoked:
                 task = self._runners.pop(sid, None)
                 if task:
                     task.cancel()
-                    # bounded: this runs in the rebalance listener, which must not wait forever
-                    await asyncio.wait({task}, timeout=REVOKE_WAIT_S)
-                    if not task.done():
-                        log.warning("revoked session still running", session=sid)
+                    tasks[sid] = task
                 self._specs.pop(sid, None)
                 self._progress.pop(sid, None)
                 self._home.pop(sid, None)
@@ -379,6 +380,11 @@ class EnvWorker:
             self._folding.pop(tp, None)
             self._actions_ready.discard(tp)
             self._to_position.discard(tp)
+        if tasks:  # bounded: this runs in the rebalance listener, which must not wait forever
+            await asyncio.wait(tasks.values(), timeout=REVOKE_WAIT_S)
+            for sid in [sid for sid, task in tasks.items() if not task.done()]:
+                log.warning("revoked session still running", session=sid)
+        for tp in revoked:
             producer = self._txn.pop(tp, None)
             if producer:
                 await producer.stop()
