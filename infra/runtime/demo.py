@@ -271,8 +271,9 @@ def _service_stats(supervisor, wall_s: float) -> dict[str, float]:
         "inference_groups": inference.get("groups", 0.0),
         "inference_mean_group_size": inference.get("mean_group_size", 0.0),
         "inference_mean_group_tenants": inference.get("mean_group_tenants", 0.0),
-        # steps an env asked for again after waiting its 10 s for an action (inference saw the repeat)
-        "actions_asked_again": inference.get("repeats", 0.0),
+        # steps inference was asked for again (an env's re-ask, or a session restarted after an env
+        # rebalance replaying its episode): answered from its recent answers, no forward
+        "inference_repeated_steps": inference.get("repeats", 0.0),
         "train_forwards": train.get("forwards", 0.0),
         "train_mean_group_rows": train.get("mean_group_rows", 0.0),
         # rows the training queue asked for vs rows the backbone computed (the rest came from the
