@@ -168,11 +168,15 @@ class GroupBatcher:
     def _complete(self, key: BucketKey, queue: deque[_Pending], now: float) -> bool:
         """True when every source answered in the last window has asked again (none is expected)."""
         answered = self._answered.get(key, {})
-        for source in [s for s, at in answered.items() if now - at > self.config.active_window_s]:
-            del answered[source]  # gone quiet (a closed session): it no longer holds groups back
+        self._forget_quiet(answered, now)
         if any(p.source is None for p in queue):
             return False  # an anonymous request waits for B or T, as before sources existed
         return answered.keys() <= {p.source for p in queue}
+
+    def _forget_quiet(self, answered: dict[str, float], now: float) -> None:
+        """Sources gone quiet (a closed session) no longer hold groups back."""
+        for source in [s for s, at in answered.items() if now - at > self.config.active_window_s]:
+            del answered[source]
 
     def _next_deadline_s(self) -> float | None:
         oldest = [q[0].enqueued for q in self._buckets.values() if q]
@@ -222,6 +226,7 @@ class GroupBatcher:
         for pending in group:
             if pending.source is not None:
                 answered[pending.source] = answered_at
+        self._forget_quiet(answered, answered_at)  # a service sees sessions come and go for days
         record = GroupRecord(key, len(group), tuple(p.prepared.tenant for p in group), reason,
                              wait_s, self._busy_s, retried)
         self.records.append(record)
