@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 
 from backbone.timeline import ForwardRecord, group_sizes
+from infra.runtime.demo import demo_backbone
 from infra.runtime.demo_board import DemoBoard
 from infra.settings import Settings
 from infra.topics import tenant_topic
@@ -54,6 +55,18 @@ def test_board_rows_follow_training_then_evaluation() -> None:
     assert "v1: 0.12 -> v9: 0.88" in _render(board)
     (row,) = [r for r in board.snapshot() if r["tenant"] == "reach-a"]
     assert row["version"] == 9 and row["eval_success"] == {1: 0.125, 9: 0.875} and row["phase"] == "done"
+
+
+def test_the_demo_runs_tiny_without_a_gpu_unless_a_backbone_was_chosen(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("JOYNEXUS_BACKBONE", raising=False)
+    unset = Settings(home=tmp_path, _env_file=None)
+    assert demo_backbone(unset, gpu=False).backbone == "tiny"
+    assert demo_backbone(unset, gpu=True).backbone == unset.backbone == "small"
+    monkeypatch.setenv("JOYNEXUS_BACKBONE", "mini-pretrained")
+    chosen = Settings(home=tmp_path, _env_file=None)
+    assert demo_backbone(chosen, gpu=False).backbone == "mini-pretrained"
+    # and the children the supervisor starts get it: it passes the settings on as JOYNEXUS_* variables
+    assert demo_backbone(unset, gpu=False).as_env()["JOYNEXUS_BACKBONE"] == "tiny"
 
 
 def test_group_sizes_per_queue() -> None:

@@ -80,9 +80,15 @@ def demo(
                                                             "(they always go to RUN_DIR/demo.log).")] = False,
 ) -> None:
     """The paper's scenario: 3 RL tenants + 1 SFT tenant on one shared backbone, then evaluations."""
-    from infra.runtime.demo import run_demo
+    import torch
 
-    settings = load_settings()
+    from infra.runtime.demo import demo_backbone, run_demo
+
+    chosen = load_settings()
+    settings = demo_backbone(chosen, gpu=torch.cuda.is_available())
+    if settings.backbone != chosen.backbone:
+        console.print(f"no GPU and no backbone chosen: the demo runs the `{settings.backbone}` preset "
+                      "(JOYNEXUS_BACKBONE=small or mini-pretrained to choose another)")
     try:
         asyncio.run(run_demo(settings, quick=quick, maniskill=maniskill, console=console, verbose=verbose))
     except JoynexusError as exc:
