@@ -94,6 +94,16 @@ async def _describe_cluster(settings: Settings, timeout_ms: int = 3000) -> dict:
         await admin.close()
 
 
+def new_cluster_id() -> str:
+    """Kafka's Uuid.randomUuid().toString(): url-safe base64 of 16 random bytes, unpadded, drawn again
+    when it starts with "-" (the storage tool would read it as an option: 1 id in 64 failed the
+    broker's first start)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
 def _write_private(path: Path, text: str) -> None:
     """Write a file only its owner can read (it may hold passwords)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -355,10 +365,9 @@ class LocalBroker:
     def _format_once(self) -> None:
         if (self.data_dir / "meta.properties").exists():
             return
-        if not self.cluster_id_file.exists():
-            # Kafka's Uuid.toString(): url-safe base64 of 16 random bytes, unpadded.
-            cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            self.cluster_id_file.write_text(cid)
+        # An id starting with "-" never formatted anything (the tool reads it as an option): replace it.
+        if not self.cluster_id_file.exists() or self.cluster_id_file.read_text().startswith("-"):
+            self.cluster_id_file.write_text(new_cluster_id())
         cid = self.cluster_id_file.read_text().strip()
         scram = []
         if self.secure:  # the super user's credential, salted here: no cleartext on a command line
