@@ -31,13 +31,14 @@ Pure compute bookkeeping: no Kafka, no torch.
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from infra.stats import nearest_rank
 
 __all__ = [
     "FORMAT", "JSONL_SUFFIX", "ForwardLog", "ForwardRecord", "group_sizes", "load_forwards", "read_window",
@@ -74,12 +75,9 @@ def group_sizes(records: Iterable[ForwardRecord], queue: str) -> dict[str, float
     if not sizes:
         return {"forwards": 0.0}
     sizes.sort()
-
-    def rank(q: float) -> float:
-        return float(sizes[max(0, math.ceil(q * len(sizes)) - 1)])
-
-    return {"forwards": float(len(sizes)), "mean_rows": sum(sizes) / len(sizes), "p50_rows": rank(0.5),
-            "p90_rows": rank(0.9), "max_rows": float(sizes[-1]), "multi_tenant_share": shared / len(sizes)}
+    return {"forwards": float(len(sizes)), "mean_rows": sum(sizes) / len(sizes),
+            "p50_rows": float(nearest_rank(sizes, 0.5)), "p90_rows": float(nearest_rank(sizes, 0.9)),
+            "max_rows": float(sizes[-1]), "multi_tenant_share": shared / len(sizes)}
 
 
 class ForwardLog:

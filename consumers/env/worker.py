@@ -17,7 +17,6 @@ actions answering observations published from then on matter.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import socket
 import uuid
@@ -37,6 +36,7 @@ from envs.base import Simulator
 from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
 from infra.settings import Settings
+from infra.stats import nearest_rank
 from infra.topics import (
     check_tenant,
     parse_topic,
@@ -143,8 +143,8 @@ class EnvWorker:
             return {}
         waits = sorted(self.action_waits)
 
-        def ms(q: float) -> float:  # nearest rank
-            return round(1000 * waits[max(0, math.ceil(q * len(waits)) - 1)], 1)
+        def ms(q: float) -> float:
+            return round(1000 * nearest_rank(waits, q), 1)
 
         return {"action_waits": len(waits), "action_wait_p50_ms": ms(0.5), "action_wait_p99_ms": ms(0.99),
                 "action_wait_max_ms": ms(1.0), "late_actions": self.late_actions}
