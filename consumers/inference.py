@@ -7,10 +7,10 @@ observation becomes a task: its backbone request joins the group batcher
 device gate's inference queue, which goes before training), then the
 tenant's head acts on its own feature row. A group also flushes as soon as every
 session answered in the last second has asked again (``backbone.batcher``), so
-T can be long enough for sessions answered together to come back together. The policy is the version the
-session is pinned to (sync RL, evaluation), or the tenant's latest published
-version: ``PolicyVersionPublished`` events are followed, and a new version is
-used from the next observation on, without pausing anyone (hot swap).
+T can be long enough for sessions answered together to come back together.
+The policy is the version the session is pinned to (sync RL, evaluation), or
+the tenant's latest published version: ``PolicyVersionPublished`` events are
+followed, and a new version is used from the next observation on, without pausing anyone (hot swap).
 The features it computes go into the process's feature cache
 (``feature_cache_from_inference``), where backbone-train finds them when the
 rollout's gradient jobs bring the same observations back.
