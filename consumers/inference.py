@@ -10,7 +10,8 @@ session answered in the last second has asked again (``backbone.batcher``), so
 T can be long enough for sessions answered together to come back together.
 The policy is the version the session is pinned to (sync RL, evaluation), or
 the tenant's latest published version: ``PolicyVersionPublished`` events are
-followed, and a new version is used from the next observation on, without pausing anyone (hot swap).
+followed, and a new version is used from the next observation on, without
+pausing anyone (hot swap).
 The features it computes go into the process's feature cache
 (``feature_cache_from_inference``), where backbone-train finds them when the
 rollout's gradient jobs bring the same observations back.
