@@ -88,6 +88,9 @@ METRICS = ("makespan_s", "device_time_s", "busy_train_s", "busy_inference_s", "b
            "busy_fraction_train", "busy_fraction_inference", "busy_fraction_total",
            "forwards_train", "forwards_inference")
 
+BATCHING = ("inference_target_batch", "inference_max_wait_ms", "train_forward_budget_ms",
+            "train_max_wait_ms")  # the rules benchmarks/projection.py plays
+
 
 def bench_scenario(name: str, dataset: Path, maniskill: bool,
                    builtin_third: bool = False) -> list[dict[str, Any]]:
@@ -351,7 +354,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         same = bit_identical(store, runs)
     result = {"scenario": args.scenario, "tenants": len(base), "backbone": settings.backbone,
               "repeats": args.repeats, "deployment": args.deployment,
-              "feature_cache_mb": settings.train_feature_cache_mb, **summarise(runs),
+              "feature_cache_mb": settings.train_feature_cache_mb,
+              "batching": {k: getattr(settings, k) for k in BATCHING}, **summarise(runs),
               "bit_identical": same,
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
     print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "

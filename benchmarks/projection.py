@@ -16,10 +16,19 @@ The model replays the chains:
 
 * isolated: tenants one after another; device time = the sum of their chains;
 * shared: all chains at once on ONE device that runs one forward at a time,
-  inference before training when both wait; an inference item joins the
-  forward of another if it was enqueued (its ready time minus T) before that
-  forward started (the batcher's window); training items ready when the
-  device frees up share its forward (backbone-train's poll batch).
+  playing the service's rules (``Policy``, read from the run's
+  ``multi_tenant.json`` when it has them, else today's settings): the inference
+  batcher forms one group at a time and flushes it at B rows, when its oldest
+  request waited T, or when it is complete (every tenant answered in the last
+  ``active_window_s`` has asked again); the gate runs a waiting inference group
+  before training unless a training item waited ``train_max_wait_s``; training
+  items ready when the device frees up share a forward (backbone-train's poll
+  batch) up to the rows of one budgeted chunk.
+
+The model's unit is a tenant's forward, not an env session: completeness is
+judged per tenant (its sessions' asks of one step arrive as one item, as they
+did when it ran alone), and all tenants share one batcher bucket (one image
+size, as in the benchmark's scenarios).
 
 A forward of ``rows`` rows on ``queue`` takes ``duration(queue, rows)``:
 
@@ -49,6 +58,7 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,8 +70,28 @@ import numpy as np
 from backbone.timeline import ForwardRecord
 
 Duration = Callable[[str, int], float]
-INFERENCE_WINDOW_S = 0.005  # T of the runs this model was checked against (the default is now 50 ms)
-INFERENCE_MAX_ROWS = 32
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The grouping and priority rules the model plays (the service's settings of the same names)."""
+
+    max_wait_s: float = 0.050  # T: inference_max_wait_ms
+    target_rows: int = 8  # B: inference_target_batch
+    max_rows: int = 32  # one inference flush takes at most this many requests
+    active_window_s: float = 1.0  # a tenant answered this recently is expected back (completeness)
+    train_max_wait_s: float | None = 2.0  # train_max_wait_ms: training goes first after this wait
+    train_budget_s: float | None = 0.2  # train_forward_budget_ms: rows of one training chunk
+
+    @classmethod
+    def of_settings(cls, settings: dict[str, Any]) -> Policy:
+        """From the settings a run recorded (``multi_tenant.json``'s ``batching``) or today's."""
+        ms = settings.get("train_max_wait_ms")
+        budget = settings.get("train_forward_budget_ms")
+        target = int(settings["inference_target_batch"])
+        return cls(max_wait_s=settings["inference_max_wait_ms"] / 1e3, target_rows=target,
+                   max_rows=max(target, 32), train_max_wait_s=None if ms is None else ms / 1e3,
+                   train_budget_s=None if budget is None else budget / 1e3)
 
 
 @dataclass(frozen=True)
@@ -143,11 +173,11 @@ def isolated(chains: list[Chain], duration: Duration) -> dict[str, float]:
     return _figures(total, busy)
 
 
-def shared(chains: list[Chain], duration: Duration, window_s: float = INFERENCE_WINDOW_S,
+def shared(chains: list[Chain], duration: Duration, policy: Policy = Policy(),
            host_slots: int | None = None) -> dict[str, float]:
     """Discrete-event replay of all chains at once on one device. ``host_slots``: how many host
     gaps can run at the same time (None: as many as there are tenants; 1: one Python interpreter,
-    as when every role shares one process and its GIL)."""
+    as when every role shares one process and its GIL, or one core for every host process)."""
     hosts = [0.0] * (host_slots or len(chains))  # when each host slot is free (a heap)
 
     def after(t: float, gap: float) -> float:
@@ -158,24 +188,38 @@ def shared(chains: list[Chain], duration: Duration, window_s: float = INFERENCE_
     nxt = [0] * len(chains)
     ready = [after(0.0, c.items[0].gap_before_s) if c.items else 0.0 for c in chains]
     finish = [after(0.0, c.tail_s) if not c.items else 0.0 for c in chains]
+    answered: list[float | None] = [None] * len(chains)  # when each chain's last inference was answered
+    train_rows = _train_chunk_rows(chains, duration, policy)
     busy = {"inference": 0.0, "train": 0.0}
-    device_free, forwards = 0.0, 0
+    device_free = batcher_free = 0.0
+    forwards = 0
+
+    def queue_of(i: int) -> str:
+        return chains[i].items[nxt[i]].queue
+
     while True:
         live = [i for i, c in enumerate(chains) if nxt[i] < len(c.items)]
         if not live:
             break
-        t = max(device_free, min(ready[i] for i in live))
-        waiting = [i for i in live if ready[i] <= t]
-        queue = "inference" if any(chains[i].items[nxt[i]].queue == "inference" for i in waiting) else "train"
-        if queue == "inference":  # enqueued (ready - T) before the forward starts: in the batcher's window
-            group = [i for i in live if chains[i].items[nxt[i]].queue == queue and ready[i] - window_s <= t]
+        asking = [i for i in live if queue_of(i) == "inference"]
+        training = [i for i in live if queue_of(i) == "train"]
+        flush = (_flush_time({i: chains[i].items[nxt[i]].rows for i in asking}, ready, answered,
+                             policy, batcher_free) if asking else math.inf)
+        train_ready = min((ready[i] for i in training), default=math.inf)
+        inference_start, train_start = max(flush, device_free), max(train_ready, device_free)
+        bound = policy.train_max_wait_s
+        starved = bound is not None and inference_start - train_ready >= bound
+        if train_start < inference_start or (starved and train_start <= inference_start):
+            queue, t, cap = "train", train_start, train_rows
+            members = [i for i in training if ready[i] <= t]
         else:
-            group = [i for i in waiting if chains[i].items[nxt[i]].queue == queue]
-        group.sort(key=lambda i: ready[i])
+            queue, t, cap = "inference", inference_start, policy.max_rows
+            members = [i for i in asking if ready[i] <= flush]  # the group was formed at its flush
+        members.sort(key=lambda i: ready[i])
         rows, taken = 0, []
-        for i in group:
+        for i in members:
             r = chains[i].items[nxt[i]].rows
-            if taken and queue == "inference" and rows + r > INFERENCE_MAX_ROWS:
+            if taken and rows + r > cap:
                 break
             rows += r
             taken.append(i)
@@ -183,7 +227,11 @@ def shared(chains: list[Chain], duration: Duration, window_s: float = INFERENCE_
         busy[queue] += d
         forwards += 1
         device_free = t + d
+        if queue == "inference":
+            batcher_free = device_free  # the batcher awaits its forward before forming the next group
         for i in taken:
+            if queue == "inference":
+                answered[i] = device_free
             nxt[i] += 1
             chain = chains[i]
             if nxt[i] < len(chain.items):
@@ -193,6 +241,39 @@ def shared(chains: list[Chain], duration: Duration, window_s: float = INFERENCE_
     return _figures(max(finish + [device_free]), busy) | {"forwards": float(forwards)}
 
 
+def _flush_time(asking: dict[int, int], ready: list[float], answered: list[float | None],
+                policy: Policy, batcher_free: float) -> float:
+    """When the batcher flushes its next group: at B rows, when the oldest waited T, or when every
+    tenant answered in the last ``active_window_s`` has asked again; never while it awaits a forward.
+    ``asking``: the chains whose next item is inference, with its rows."""
+    order = sorted(asking, key=lambda i: ready[i])
+    oldest = ready[order[0]]
+    full, queued = math.inf, 0
+    for i in order:
+        queued += asking[i]
+        if queued >= policy.target_rows:
+            full = ready[i]
+            break
+    complete = oldest
+    for j, at in enumerate(answered):
+        if at is not None:  # expected back until it asks again or goes quiet
+            back = ready[j] if j in asking else math.inf
+            complete = max(complete, min(back, at + policy.active_window_s))
+    return max(batcher_free, min(oldest + policy.max_wait_s, full, complete))
+
+
+def _train_chunk_rows(chains: list[Chain], duration: Duration, policy: Policy) -> int:
+    """Rows one training forward may take: what fits the device budget, and never less than the
+    largest item measured (a chunk the gate already cut)."""
+    largest = max((it.rows for c in chains for it in c.items if it.queue == "train"), default=1)
+    if policy.train_budget_s is None:
+        return 1 << 30
+    rows = largest
+    while rows < 100_000 and duration("train", rows + 1) <= policy.train_budget_s:
+        rows += 1
+    return rows
+
+
 def _figures(device_time: float, busy: dict[str, float]) -> dict[str, float]:
     out = {"device_time_s": device_time, "busy_train_s": busy["train"], "busy_inference_s": busy["inference"]}
     for q in ("train", "inference"):
@@ -200,10 +281,10 @@ def _figures(device_time: float, busy: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def project(traces: list[dict[str, Any]], duration: Duration,
+def project(traces: list[dict[str, Any]], duration: Duration, policy: Policy,
             host_slots: int | None = None) -> dict[str, Any]:
     """Median over the isolated runs of the model's isolated and shared figures, and the ratios."""
-    results = [(isolated(chains_of(r), duration), shared(chains_of(r), duration, host_slots=host_slots))
+    results = [(isolated(chains_of(r), duration), shared(chains_of(r), duration, policy, host_slots))
                for r in traces if r["mode"] == "isolated"]
     iso = {k: statistics.median(r[0][k] for r in results) for k in results[0][0]}
     sha = {k: statistics.median(r[1][k] for r in results) for k in results[0][1]}
@@ -218,6 +299,16 @@ def measured(traces: list[dict[str, Any]]) -> dict[str, float]:
             for mode in ("shared", "isolated")}
 
 
+def policy_of(run_dir: Path) -> tuple[Policy, str]:
+    """The rules the measured run used (its ``multi_tenant.json``), else today's settings."""
+    recorded = run_dir / "multi_tenant.json"
+    if recorded.exists() and "batching" in (run := json.loads(recorded.read_text())):
+        return Policy.of_settings(run["batching"]), f"recorded in {recorded.name}"
+    from infra.settings import Settings
+
+    return Policy.of_settings(Settings().model_dump()), "today's settings: the run recorded none"
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
@@ -230,9 +321,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     traces = json.loads((args.run_dir / "traces.json").read_text())
     truth = measured(traces)
+    policy, policy_source = policy_of(args.run_dir)
     slots = args.host_slots
-    cpu = project(traces, cpu_duration(traces), slots)
-    cpu_free = project(traces, cpu_duration(traces), None)
+    cpu = project(traces, cpu_duration(traces), policy, slots)
+    cpu_free = project(traces, cpu_duration(traces), policy, None)
     if args.gpu_table:
         gpu_source = f"measured GPU forward times from {args.gpu_table.name}"
         gpu_duration = table_duration(args.gpu_table)
@@ -240,14 +332,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gpu_source = (f"ASSUMED GPU forward times: {args.assume_ms[0]} ms + {args.assume_ms[1]} ms per row "
                       "(not measured: no GPU table given)")
         gpu_duration = assumed_duration(*args.assume_ms)
-    gpu = project(traces, gpu_duration, None)
-    gpu_one = project(traces, gpu_duration, slots)
+    gpu = project(traces, gpu_duration, policy, None)
+    gpu_one = project(traces, gpu_duration, policy, slots)
     miss = {"shared": cpu["shared"]["device_time_s"] / truth["shared_device_time_s"] - 1,
             "isolated": cpu["isolated"]["device_time_s"] / truth["isolated_device_time_s"] - 1,
             "shared_unlimited_host": cpu_free["shared"]["device_time_s"] / truth["shared_device_time_s"] - 1}
     result = {"measured": truth, "model_cpu": cpu, "model_cpu_unlimited_host": cpu_free,
               "model_cpu_miss": miss, "projection_gpu": gpu, "projection_gpu_limited_host": gpu_one,
-              "host_slots": slots, "gpu_source": gpu_source}
+              "host_slots": slots, "gpu_source": gpu_source,
+              "policy": {**policy.__dict__, "source": policy_source}}
     print("PROJECTION, not a measurement: a discrete-event model of one device fed with the measured "
           f"traces of {args.run_dir}\n")
     print("| | isolated device s | shared device s | device time saved | busy train iso -> shared "
@@ -269,6 +362,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"with {slots} host slot(s) ({miss['shared_unlimited_host']:+.1%} with unlimited host), "
           f"isolated by {miss['isolated']:+.1%}")
     print(f"GPU forward times: {gpu_source}")
+    print(f"rules played ({policy_source}): T {policy.max_wait_s * 1e3:g} ms, B {policy.target_rows}, "
+          f"completeness window {policy.active_window_s:g} s, training first after "
+          f"{policy.train_max_wait_s} s, training chunk budget {policy.train_budget_s} s")
     print("paper: 28.3% less device time; train busy 20.8% -> 41.3% (1.99x); inference 28.1% -> 37.5% "
           "(1.33x). targets: >= 40% less, >= 2.5x train busy fraction")
     if args.json:

@@ -51,11 +51,59 @@ def test_one_device_serialises_and_inference_goes_first() -> None:
     train = pj.Chain("a", (pj.Item("train", 4, 0.0),), 0.0)
     chains = [train, pj.Chain("b", (pj.Item("inference", 1, 0.0),), 0.0)]
     one_second = pj.assumed_duration(1000.0, 0.0)
-    sha = pj.shared(chains, one_second, window_s=0.0)
+    sha = pj.shared(chains, one_second)
     assert sha["device_time_s"] == pytest.approx(2.0) and sha["busy_train_s"] == pytest.approx(1.0)
     # b alone later: its request waits for the device and its tail starts after
     chains = [train, pj.Chain("b", (pj.Item("inference", 1, 0.5),), 3.0)]
-    assert pj.shared(chains, one_second, window_s=0.0)["device_time_s"] == pytest.approx(1.0 + 1.0 + 3.0)
+    assert pj.shared(chains, one_second)["device_time_s"] == pytest.approx(1.0 + 1.0 + 3.0)
+
+
+def test_a_group_waits_for_every_recently_answered_tenant_but_at_most_t() -> None:
+    # a and b asked at 0 and were answered together at 0.1; a asks again at 0.2, b at 0.25
+    rule = pj.Policy(max_wait_s=0.1, target_rows=8)
+    tenth = pj.assumed_duration(100.0, 0.0)
+    chains = [pj.Chain("a", (pj.Item("inference", 1, 0.0), pj.Item("inference", 1, 0.1)), 0.0),
+              pj.Chain("b", (pj.Item("inference", 1, 0.0), pj.Item("inference", 1, 0.15)), 0.0)]
+    # complete at 0.25 (b back), before T runs out (0.3): one group 0.25-0.35
+    sha = pj.shared(chains, tenth, rule)
+    assert sha["forwards"] == 2 and sha["device_time_s"] == pytest.approx(0.35)
+    # b back only at 0.5: T (0.2 + 0.1) flushes a alone at 0.3-0.4; b then waits its own T for a
+    # (answered at 0.4, expected back for 1 s, as the batcher expects a closed session): 0.6-0.7
+    chains[1] = pj.Chain("b", (pj.Item("inference", 1, 0.0), pj.Item("inference", 1, 0.4)), 0.0)
+    sha = pj.shared(chains, tenth, rule)
+    assert sha["forwards"] == 3 and sha["device_time_s"] == pytest.approx(0.7)
+    # B reached by a alone (8 rows): no waiting for b, a goes at 0.2-0.3
+    chains[0] = pj.Chain("a", (pj.Item("inference", 1, 0.0), pj.Item("inference", 8, 0.1)), 0.0)
+    sha = pj.shared(chains, tenth, rule)
+    assert sha["busy_inference_s"] == pytest.approx(0.3) and sha["device_time_s"] == pytest.approx(0.7)
+    chains[0] = pj.Chain("a", (pj.Item("inference", 1, 0.0), pj.Item("inference", 8, 0.1)), 5.0)
+    assert pj.shared(chains, tenth, rule)["device_time_s"] == pytest.approx(0.3 + 5.0)
+
+
+def test_training_waits_for_inference_only_up_to_its_bound() -> None:
+    # b asks for 1 s forwards back to back (no host gap); a's training item is ready at 0.5
+    second = pj.assumed_duration(1000.0, 0.0)
+    asks = pj.Chain("b", tuple(pj.Item("inference", 1, 0.0) for _ in range(5)), 0.0)
+    train = pj.Chain("a", (pj.Item("train", 1, 0.5),), 0.0)
+    # strict priority: training after all five (5-6); bounded at 2 s: it waited 0.5-3.0, goes 3-4
+    strict = pj.shared([train, asks], second, pj.Policy(train_max_wait_s=None))
+    bounded = pj.shared([train, asks], second, pj.Policy(train_max_wait_s=2.0))
+    assert strict["device_time_s"] == pytest.approx(6.0) and bounded["device_time_s"] == pytest.approx(6.0)
+    assert strict["busy_train_s"] == bounded["busy_train_s"] == pytest.approx(1.0)
+    # the order shows in what a training tail after the item costs: 5 s tail ends at 11 vs 9
+    train = pj.Chain("a", (pj.Item("train", 1, 0.5),), 5.0)
+    for bound, end in ((None, 11.0), (2.0, 9.0)):
+        sha = pj.shared([train, asks], second, pj.Policy(train_max_wait_s=bound))
+        assert sha["device_time_s"] == pytest.approx(end)
+
+
+def test_training_items_share_a_forward_up_to_one_budgeted_chunk() -> None:
+    # 10 ms per row, budget 0.2 s: 20 rows per forward; three tenants' 8-row items ready together
+    per_row = pj.assumed_duration(0.0, 10.0)
+    chains = [pj.Chain(t, (pj.Item("train", 8, 0.0),), 0.0) for t in "abc"]
+    sha = pj.shared(chains, per_row, pj.Policy(train_budget_s=0.2))
+    assert sha["forwards"] == 2  # a+b (16 rows), then c
+    assert pj.shared(chains, per_row, pj.Policy(train_budget_s=None))["forwards"] == 1
 
 
 def test_duration_models(tmp_path) -> None:
@@ -83,9 +131,12 @@ def test_main_prints_the_projection_label_and_the_cpu_miss(tmp_path, capsys) -> 
     assert "PROJECTION, not a measurement" in out and "ASSUMED GPU forward times" in out
     # host unlimited: both ready at 1.0, one forward of 2 rows, both ready at 2.0, one more, tails: 4.0 s
     assert result["model_cpu_unlimited_host"]["shared"]["device_time_s"] == pytest.approx(4.0)
-    # one host slot (the default): gaps run one at a time (a 0-1, b 1-2, a 2-2.5, b 2.5-3, a's tail
-    # 3-4.5, b's tail 4.5-6): 6.0 s
-    assert result["model_cpu"]["shared"]["device_time_s"] == pytest.approx(6.0)
-    assert result["model_cpu_miss"]["shared"] == pytest.approx(6.0 / 4.4 - 1)
+    # one host slot (the default), T = 50 ms: host gaps run one at a time. a's gap 0-1, forward
+    # 1-1.5; b's gap 1-2; a's gap 2-2.5; b asks at 2.0 and waits for a (answered at 1.5, expected
+    # back) until T: 2.05-2.55; a asked at 2.5, goes when the batcher is free: 2.55-3.05; b's gap
+    # 2.55-3.05; a's tail 3.05-4.55; b asks at 3.05 and waits T for a (done, but answered within the
+    # window): 3.10-3.60; b's tail waits for the slot: 4.55-6.05
+    assert result["model_cpu"]["shared"]["device_time_s"] == pytest.approx(6.05)
+    assert result["model_cpu_miss"]["shared"] == pytest.approx(6.05 / 4.4 - 1)
     assert result["model_cpu_miss"]["shared_unlimited_host"] == pytest.approx(4.0 / 4.4 - 1)
     assert json.loads((tmp_path / "p.json").read_text())["gpu_source"].startswith("ASSUMED")
