@@ -45,9 +45,10 @@ A forward of ``rows`` rows on ``queue`` takes ``duration(queue, rows)``:
 
 Host gaps are kept as measured (the simulators and the bus run on CPUs in
 both settings). How many can run at once is the model's other input: with
-``--host-slots 1`` (one interpreter, as when every role shares one Python
-process, which is how multi_tenant.py runs them) they queue for one slot;
-"host unlimited" lets every tenant's host work run in parallel (a GPU machine
+``--host-slots 1`` they queue for one slot: one interpreter (``--deployment
+in-process``, every role in one Python process) or one core for every host
+process (``--deployment processes`` on a 2-core machine: the device host has
+the other core); "host unlimited" lets every tenant's host work run in parallel (a GPU machine
 with roles as processes on enough cores). Both are printed, for the CPU check
 and for the projection. Optimizer steps are host time here (on a GPU machine
 they would also use the device, outside the gate): not modelled.
