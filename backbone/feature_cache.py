@@ -12,7 +12,12 @@ training finds the rollout's observations already there.
 Keys are sha256 digests of the backbone id and of every tensor the forward
 reads (pixels, patch grid, token ids and attention mask, padding included, so
 the padded length and with it the bucket are part of the key); proprio and
-task id are not forward inputs and come from the request each time. Entries
+task id are not forward inputs and come from the request each time. With
+``per_tenant`` the tenant is part of the key too: a tenant's hits come from its
+own inputs only, so no tenant can tell from its step times what another sent,
+and a tenant costs the device what it would cost alone (the service's default,
+``feature_cache_scope``; without it identical inputs of different tenants share
+one entry). Entries
 are evicted least recently used beyond ``max_bytes`` (a stored entry is a copy
 of its row, so the bound counts what is held). A hit returns the bits the
 forward computed for that row, which are the bits any forward of the same
@@ -46,8 +51,9 @@ def for_request(feature: VLAFeature, p: Prepared) -> VLAFeature:
 
 
 class FeatureCache:
-    def __init__(self, backbone_id: str, max_bytes: int):
+    def __init__(self, backbone_id: str, max_bytes: int, per_tenant: bool = False):
         self.backbone_id = backbone_id
+        self.per_tenant = per_tenant
         self.max_bytes = max_bytes
         self._entries: OrderedDict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = OrderedDict()
         self.bytes = 0
@@ -59,6 +65,8 @@ class FeatureCache:
         for t in (p.pixels.values, p.pixels.grid_thw, p.input_ids, p.attention_mask):
             digest.update(b"-" if t is None else _tensor_bytes(t))
         digest.update(repr(p.pixels.tokens_per_camera).encode())
+        if self.per_tenant:
+            digest.update(b"tenant:" + p.tenant.encode())
         return digest.hexdigest()
 
     def get(self, p: Prepared, key: str | None = None) -> VLAFeature | None:

@@ -4,7 +4,7 @@
                                       [--no-maniskill | --builtin-third]
                                       [--deployment in-process|processes [--cpus device=0,rest=1]
                                                     [--env-workers 3]]
-                                      [--feature-cache] [--json PATH] [--run-dir DIR]
+                                      [--no-feature-cache] [--json PATH] [--run-dir DIR]
 
 The same fixed work per tenant (the demo's jobs: PPO on Reach twice, PPO on
 ManiSkill PushCube, SFT on a Reach dataset; ``smoke`` is a seconds-long
@@ -15,10 +15,14 @@ in two modes:
   device per tenant gives, minus the model loading);
 * shared: all tenants at once, grouped into shared backbone forwards.
 
-Backbone-train's feature cache is off (``--feature-cache`` keeps it): it is
-keyed by content, and every run repeats the same inputs (same seeds, fresh
-tenant ids), so with it every run after the warm-up would find its training
-features computed and skip the forwards the same work costs a tenant alone.
+The device host's feature cache is on, as in the service (RL training finds the
+features inference computed when acting; PPO and SFT epochs forward each input
+once), and scoped per tenant (``feature_cache_scope=tenant``, the service's
+default, forced here): every run uses fresh tenant ids, so no run finds
+features an earlier run computed for the same inputs (same seeds), and each
+tenant costs the device what it would cost alone. ``--no-feature-cache`` turns
+it off (every gradient job's rows forwarded; how runs before 2026-11-30 were
+measured).
 
 First a warm-up (the scenario once, shared, not counted: it pays the one-off
 costs such as importing ManiSkill and building the backbone), then ``--repeats``
@@ -314,8 +318,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = Settings()
     console = Console() if Console().is_terminal else Console(width=160)  # piped: keep the table wide
-    if not args.feature_cache:
-        settings = settings.model_copy(update={"train_feature_cache_mb": 0.0})
+    # per tenant: fresh tenant ids per run, so no run reuses an earlier run's features (same seeds)
+    settings = settings.model_copy(update={"feature_cache_scope": "tenant"} if args.feature_cache
+                                   else {"train_feature_cache_mb": 0.0})
     if args.deployment == "processes":
         settings = settings.model_copy(update={"cpu_affinity": args.cpus or default_cpus()})
         # this process (the tenants' client) and a broker it starts below stay off the device's core
@@ -355,6 +360,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     result = {"scenario": args.scenario, "tenants": len(base), "backbone": settings.backbone,
               "repeats": args.repeats, "deployment": args.deployment,
               "feature_cache_mb": settings.train_feature_cache_mb,
+              "feature_cache_scope": settings.feature_cache_scope,
               "batching": {k: getattr(settings, k) for k in BATCHING}, **summarise(runs),
               "bit_identical": same,
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
@@ -425,10 +431,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                              "CPU this process may use for the device host, the others for the rest)")
     parser.add_argument("--env-workers", type=int, default=3,
                         help="processes: env worker processes (fixed: no autoscaling between modes)")
-    parser.add_argument("--feature-cache", action="store_true",
-                        help="keep backbone-train's feature cache on: it is keyed by content, so the "
-                             "warm-up's and earlier runs' features (same seeds, same inputs) serve later "
-                             "runs, which then skip training forwards a tenant alone on its own device pays")
+    parser.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
+                        help="turn the device host's feature cache off: every gradient job's rows are "
+                             "forwarded (PPO: every epoch), as runs before 2026-11-30 measured")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--run-dir", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -79,7 +79,8 @@ class Service:
         if backbone is not None:
             from backbone.feature_cache import FeatureCache
 
-            features = FeatureCache(backbone.backbone_id, int(settings.train_feature_cache_mb * 2**20))
+            features = FeatureCache(backbone.backbone_id, int(settings.train_feature_cache_mb * 2**20),
+                                    per_tenant=settings.feature_cache_scope == "tenant")
         return cls(settings, info, PolicyStore(settings.policy_dir), book, tensors, backbone, gate, features)
 
     async def close(self) -> None:

@@ -134,6 +134,10 @@ class Settings(BaseSettings):
         True, description="Inference puts the features it computes when acting into that cache, so RL "
         "training reuses them instead of forwarding the rollout's observations again (bit-identical: a "
         "row's features do not depend on its group). Off: training forwards each input once itself.")
+    feature_cache_scope: Literal["tenant", "content"] = Field(
+        "tenant", description="tenant: a cached feature serves only the tenant whose input it was (no "
+        "tenant learns from its step times what another sent; each costs the device what it would "
+        "alone). content: identical inputs of different tenants share one entry.")
     policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
     usage_flush_s: float = Field(
         5.0, gt=0, description="How often the inference role publishes its per-tenant device-seconds.")

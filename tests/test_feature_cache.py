@@ -58,6 +58,13 @@ def test_only_forward_inputs_make_the_key(backbones: dict[str, Backbone]) -> Non
     cache.put(p, backbone.forward([p])[0])
     hit = cache.get(q)  # same image and words, another tenant's proprio and task: its own come back
     assert torch.equal(hit.proprio, q.proprio.unsqueeze(0)) and int(hit.task_id) == 2
+    # per tenant (the service's default): b never hits a's entry, a's own repeat does
+    mine = FeatureCache(backbone.backbone_id, 1 << 30, per_tenant=True)
+    mine.put(p, backbone.forward([p])[0])
+    assert mine.get(q) is None and mine.key(q) != mine.key(p)
+    again = VLARequest("a", [image], "reach the red target", np.ones(4, np.float32), task_id=1)
+    again = backbone.prepare(again)
+    assert mine.get(again) is not None
 
 
 def test_least_recently_used_entries_go_beyond_the_size_bound(backbones: dict[str, Backbone]) -> None:
