@@ -27,7 +27,9 @@ def parse_window(text: str) -> int:
 
 
 @app.command("metering")
-def metering() -> None:
+def metering(
+    parent_pid: Annotated[int | None, typer.Option(help="The supervisor's pid: stop when it dies.")] = None,
+) -> None:
     """Run the metering role (a faust-streaming worker) until stopped: UsageRecorded into
     per-tenant tumbling-window tables."""
     from infra.runtime.affinity import pin_process
@@ -37,6 +39,10 @@ def metering() -> None:
         pin_process(settings.cpu_affinity, "metering")
     except JoynexusError as exc:
         fail(exc)
+    if parent_pid is not None:  # a killed supervisor's metering would stay in its group for good
+        from infra.runtime.host import die_with_parent
+
+        die_with_parent(parent_pid)
     from consumers.metering import run_worker
 
     run_worker(settings)

@@ -258,7 +258,7 @@ class ProcessSupervisor:
         cmd = [sys.executable, "-m", "infra", "run", inst.kind, "--instance", inst.instance_id,
                "--restarts", str(inst.restarts), "--parent-pid", str(os.getpid())]
         if inst.kind == METERING:
-            cmd = [sys.executable, "-m", "infra", "metering"]
+            cmd = [sys.executable, "-m", "infra", "metering", "--parent-pid", str(os.getpid())]
         with open(self.log_dir / f"{inst.instance_id}.log", "ab") as out:
             inst.process = await asyncio.create_subprocess_exec(
                 *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
