@@ -153,20 +153,12 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
     console = console or Console()
     if not console.is_terminal:  # piped to a file: rich would squeeze the tables to 80 columns
         console = Console(file=console.file, width=200)
-    # Ctrl-C and SIGTERM cancel the demo: the processes it started are stopped on the way out
-    main, loop = asyncio.current_task(), asyncio.get_running_loop()
-    cleaning = asyncio.Event()  # set once the cancellation reached the demo's own handler
-
-    def interrupt() -> None:
-        # Again every 5 s until it arrives: once, under load, a Ctrl-C left the demo training for
-        # two more minutes (the cancellation was caught on its way; where, not found yet). Never
-        # once the demo is cleaning up, which a second cancellation would cut short.
-        if not main.done() and not cleaning.is_set():
-            main.cancel()
-            loop.call_later(5.0, interrupt)
-
+    # Ctrl-C and SIGTERM cancel the demo; the processes it started are stopped on the way out.
+    # Installed here, not left to asyncio.run: a demo started in the background by a
+    # non-interactive shell inherits SIGINT ignored, and asyncio.run then installs no handler.
+    main = asyncio.current_task()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, interrupt)
+        asyncio.get_running_loop().add_signal_handler(sig, main.cancel)
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
     run_dir = settings.run_dir / f"demo-{tag}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +196,6 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
                     evals = await _evaluate(client, specs, states, EVAL_EPISODES, tag, board, submitted)
                 service_stats = _service_stats(supervisor, time.monotonic() - began) | waits
             except asyncio.CancelledError:
-                cleaning.set()
                 # Left alone, the jobs would resume wherever a master next runs on this broker
                 # (the next demo's): the cancel requests go on the log now, confirmed by that master.
                 for handle in submitted:
@@ -212,7 +203,6 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
                         await client.cancel(handle, reason="the demo was interrupted")
                 raise
     except asyncio.CancelledError:
-        cleaning.set()
         grace_s = INTERRUPT_GRACE_S
         (run_dir / "partial.json").write_text(json.dumps(board.snapshot(), indent=2))
         console.print(board)
