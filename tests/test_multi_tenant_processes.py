@@ -43,9 +43,14 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
         assert run["busy_fraction_total"] == pytest.approx(run["busy_total_s"] / run["device_time_s"])
         # the same seconds as the device host's heartbeats count (rounded to ms there)
         assert run["busy_total_s_heartbeats"] == pytest.approx(run["busy_total_s"], rel=0.02, abs=0.05)
+        # the training service: backbone training forwards + every tenant's metered optimizer steps
+        assert run["busy_optimizer_s"] > 0
+        assert run["busy_training_service_s"] == pytest.approx(run["busy_train_s"] + run["busy_optimizer_s"])
+        assert run["busy_fraction_training_service"] == pytest.approx(
+            run["busy_training_service_s"] / run["device_time_s"])
     ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
     assert result["ratios"]["device_time_s"] == pytest.approx(ratio)
-    assert "device host pinned" in done.stdout
+    assert "device host pinned" in done.stdout and "training service" in done.stdout
     for name in ("multi_tenant.json", "comparison.json", "traces.json", "forwards.json", "jobs.json",
                  "report.html"):
         assert (run_dir / name).exists(), name
