@@ -90,8 +90,8 @@ from infra.settings import Settings
 MODES = ("isolated", "shared")
 METRICS = ("makespan_s", "device_time_s", "busy_train_s", "busy_inference_s", "busy_total_s",
            "busy_fraction_train", "busy_fraction_inference", "busy_fraction_total",
-           "forwards_train", "forwards_inference", "busy_optimizer_s", "busy_training_service_s",
-           "busy_fraction_training_service")
+           "forwards_train", "forwards_inference", "busy_optimizer_s", "optimizer_steps",
+           "busy_training_service_s", "busy_fraction_training_service")
 
 BATCHING = ("inference_target_batch", "inference_max_wait_ms", "train_forward_budget_ms",
             "train_max_wait_ms")  # the rules benchmarks/projection.py plays
@@ -254,7 +254,7 @@ async def _follow(client, specs: list[dict], together: bool, clock) -> tuple[lis
 
 
 class OptimizerSeconds:
-    """The optimizer's metered step seconds per tenant, folded from the shared usage topic.
+    """The optimizer's metered step seconds and steps per tenant, folded from the shared usage topic.
 
     A tenant's last version, its usage and its ``JobCompleted`` are one transaction, so once a
     run's jobs have completed, reading the topic to its end finds every step of the run. Usage
@@ -266,6 +266,7 @@ class OptimizerSeconds:
 
         self.topic = shared_topic(settings, "usage")
         self.seconds: dict[str, float] = {}
+        self.steps: dict[str, int] = {}
         self.seen: set[str] = set()
         self.follower = TopicFollower(settings, self.topic, self._fold, name="bench-usage",
                                       seek=self._from_start)
@@ -280,6 +281,7 @@ class OptimizerSeconds:
         if isinstance(event, UsageRecorded) and event.role == "optimizer" and event.usage_id not in self.seen:
             self.seen.add(event.usage_id)
             self.seconds[event.tenant_id] = self.seconds.get(event.tenant_id, 0.0) + event.seconds
+            self.steps[event.tenant_id] = self.steps.get(event.tenant_id, 0) + event.steps
 
     async def __aenter__(self) -> OptimizerSeconds:
         await self.follower.start()
@@ -288,9 +290,10 @@ class OptimizerSeconds:
     async def __aexit__(self, *exc: object) -> None:
         await self.follower.stop()
 
-    async def of(self, tenants: list[str]) -> float:
+    async def of(self, tenants: list[str]) -> tuple[float, int]:
+        """(step seconds, steps) of ``tenants``."""
         await self.follower.caught_up([self.topic], timeout_s=60.0)
-        return sum(self.seconds.get(t, 0.0) for t in tenants)
+        return sum(self.seconds.get(t, 0.0) for t in tenants), sum(self.steps.get(t, 0) for t in tenants)
 
 
 async def run_mode(device, client, base: list[dict], mode: str, label: str,
@@ -304,7 +307,7 @@ async def run_mode(device, client, base: list[dict], mode: str, label: str,
     run = {k: after[k] - before[k] for k in after if k != "clock_s"}
     run |= {"mode": mode, "makespan_s": makespan, "device_time_s": makespan,
             "busy_total_s": run["busy_train_s"] + run["busy_inference_s"]}
-    run["busy_optimizer_s"] = await optimizer.of([s["tenant"] for s in specs])
+    run["busy_optimizer_s"], run["optimizer_steps"] = await optimizer.of([s["tenant"] for s in specs])
     run["busy_training_service_s"] = run["busy_train_s"] + run["busy_optimizer_s"]
     for q in ("train", "inference", "total", "training_service"):
         run[f"busy_fraction_{q}"] = run[f"busy_{q}_s"] / makespan

@@ -144,12 +144,15 @@ def group_histogram(forwards: Sequence[ForwardRecord]) -> str:
 
 
 def busy_bars(modes: dict[str, dict[str, float]], note: str) -> str:
-    """Left: busy fraction of the device per queue; right: device time (held) and busy seconds;
-    one bar group per mode (``isolated``, ``shared``) that the run measured."""
+    """Left: busy fraction of the device per queue (and of the training service, backbone training
+    forwards + optimizer steps, where the benchmark measured it); right: device time (held) and
+    busy seconds; one bar group per mode (``isolated``, ``shared``) that the run measured."""
     fig, (ax_frac, ax_time) = plt.subplots(1, 2, figsize=(12.5, 3.6))
     names = list(modes)
     width = 0.8 / max(len(names), 1)
     queues = ["train", "inference", "total"]
+    if any("busy_fraction_training_service" in m for m in modes.values()):
+        queues.append("training_service")
     for i, mode in enumerate(names):
         m = modes[mode]
         fracs = [m.get(f"busy_fraction_{q}", 0.0) for q in queues]
@@ -163,7 +166,8 @@ def busy_bars(modes: dict[str, dict[str, float]], note: str) -> str:
         for x, v in zip(xs, times, strict=True):
             ax_time.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
     centre = width * (len(names) - 1) / 2
-    ax_frac.set_xticks([j + centre for j in range(3)], [f"busy {q}" for q in queues])
+    labels = {"training_service": "busy training service\n(train + optimizer)"}
+    ax_frac.set_xticks([j + centre for j in range(len(queues))], [labels.get(q, f"busy {q}") for q in queues])
     ax_frac.set(title="device busy fraction (busy s / device time held)", ylabel="fraction")
     ax_time.set_xticks([j + centre for j in range(3)], ["device time held", "busy train", "busy inference"])
     ax_time.set(title="device seconds", ylabel="seconds")
