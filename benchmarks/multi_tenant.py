@@ -138,6 +138,18 @@ class InProcessDevice:
         return self.gate.timeline.now()
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` and its waited-for children (0: gone or None)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    # after the name: state is field 3, utime..cstime are fields 14-17 (proc(5))
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 class ProcessDevice:
     """The device host of a ``ProcessSupervisor``, seen from this process: busy seconds and forwards
     per queue from the forwards it appends to its timeline file, on a clock of Unix seconds since
@@ -145,8 +157,11 @@ class ProcessDevice:
 
     def __init__(self, supervisor) -> None:
         from consumers.inference import TIMELINE_EXPORT_S
+        from infra.broker import LocalBroker
 
         self.supervisor = supervisor
+        ours = supervisor.settings.bootstrap_servers is None  # a broker this benchmark started
+        self.broker = LocalBroker(supervisor.settings) if ours else None
         self.timeline_dir = supervisor.settings.timeline_dir
         self.export_s = TIMELINE_EXPORT_S
         self.origin_unix = time.time()
@@ -170,7 +185,19 @@ class ProcessDevice:
             mine = [f for f in forwards if f.queue == queue]
             snap[f"busy_{queue}_s"] = sum(f.busy_s for f in mine)
             snap[f"forwards_{queue}"] = float(len(mine))
-        return snap
+        return snap | self.cpu()
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far per process kind (``cpu_<kind>_s``), the broker and this process (the
+        tenants' client) included: where the cores' time goes. A restart resets its process's
+        count (``process_restarts`` says whether one happened)."""
+        out: dict[str, float] = {}
+        for inst in self.supervisor.instances:
+            key = f"cpu_{inst.kind}_s"
+            out[key] = out.get(key, 0.0) + cpu_seconds(inst.pid)
+        out["cpu_broker_s"] = cpu_seconds(self.broker.pid()) if self.broker else 0.0
+        out["cpu_client_s"] = cpu_seconds(os.getpid())
+        return out
 
     async def _heartbeat_after(self, unix: float) -> dict[str, str]:
         """The details of the first inference-role heartbeat the device host sent after ``unix``."""
@@ -331,6 +358,27 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "device_time_saving": 1 - ratios["device_time_s"]}
 
 
+def cpu_medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per mode: median CPU seconds per process kind (``processes`` deployment; empty in-process)."""
+    kinds = sorted({k for r in runs for k in r if k.startswith("cpu_")})
+    return {mode: {k: statistics.median(r.get(k, 0.0) for r in runs if r["mode"] == mode) for k in kinds}
+            for mode in MODES}
+
+
+def print_cpu(console: Console, cpu: dict[str, dict[str, float]], device_cpus: list[int]) -> None:
+    kinds = list(cpu["isolated"])
+    if not kinds:
+        return
+    table = Table("process kind", "isolated CPU s (median)", "shared CPU s (median)", "shared / isolated",
+                  title=f"where the cores' time goes (device host on CPUs {device_cpus}, all else beside)")
+    for k in [*kinds, "total"]:
+        iso = sum(cpu["isolated"].values()) if k == "total" else cpu["isolated"][k]
+        sha = sum(cpu["shared"].values()) if k == "total" else cpu["shared"][k]
+        table.add_row(k.removeprefix("cpu_").removesuffix("_s"), f"{iso:.1f}", f"{sha:.1f}",
+                      f"{sha / iso:.3f}" if iso else "-")
+    console.print(table)
+
+
 def bit_identical(store, runs: list[dict[str, Any]]) -> list[bool]:
     """Per tenant (scenario position): its final parameters equal in every run, both modes."""
     reference = [store.load(t).state.model for t in runs[0]["tenants"]]
@@ -410,11 +458,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               "feature_cache_mb": settings.train_feature_cache_mb,
               "feature_cache_scope": settings.feature_cache_scope,
               "batching": {k: getattr(settings, k) for k in BATCHING}, **summarise(runs),
-              "bit_identical": same,
+              "bit_identical": same, "cpu_medians": cpu_medians(runs),
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
     print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "
                 f"backbone {settings.backbone}, scenario {args.scenario}, "
                 f"{args.repeats} repeats (alternating order), warm-up first")
+    print_cpu(console, result["cpu_medians"], settings.cpu_affinity.get("device", []))
     console.print(f"device time saved by sharing: {result['device_time_saving']:.1%} "
                   f"(paper: 28.3%, target: >= 40%)")
     fractions = result["medians"]

@@ -48,6 +48,12 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
         assert run["busy_training_service_s"] == pytest.approx(run["busy_train_s"] + run["busy_optimizer_s"])
         assert run["busy_fraction_training_service"] == pytest.approx(
             run["busy_training_service_s"] / run["device_time_s"])
+    # CPU seconds per process kind, read from /proc: every supervised kind and the client
+    for mode in ("isolated", "shared"):
+        cpu = result["cpu_medians"][mode]
+        assert {"cpu_device_s", "cpu_env_s", "cpu_optimizer_s", "cpu_client_s"} <= cpu.keys()
+        assert cpu["cpu_device_s"] > 0 and cpu["cpu_env_s"] > 0
+    assert "where the cores' time goes" in done.stdout
     # fixed work per tenant: the same optimizer steps in both modes
     assert len({run["optimizer_steps"] for run in result["runs"]}) == 1
     ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
