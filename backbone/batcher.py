@@ -135,8 +135,8 @@ class GroupBatcher:
         return await future
 
     def _prepare(self, request: VLARequest) -> tuple[Prepared, str | None]:
-        prepared = self.backbone.prepare(request)
-        return prepared, self.cache.key(prepared) if self.cache is not None else None
+        prepared = self.backbone.prepare(request)  # InvalidRequest first: a bad request has no key
+        return prepared, self.cache.key(request) if self.cache is not None else None
 
     def wake(self) -> None:
         """Re-check deadlines now (for a test clock that was moved forward)."""
@@ -210,7 +210,7 @@ class GroupBatcher:
                 _resolve(pending.future, feature)
             if self.cache is not None:  # after the answers: an action never waits for the copies
                 for pending, feature in zip(group, features, strict=True):
-                    self.cache.put(pending.prepared, feature, pending.key)
+                    self.cache.put(pending.key, feature)
         except Exception as exc:  # isolate the culprit: every request alone
             retried = len(group) > 1
             log.warning("group forward failed; retrying requests alone", size=len(group),

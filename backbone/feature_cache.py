@@ -9,10 +9,14 @@ while it stays cached. In a device host, inference puts the features it
 computed when acting into the same cache (``Service.features``), so RL
 training finds the rollout's observations already there.
 
-Keys are sha256 digests of the backbone id and of every tensor the forward
-reads (pixels, patch grid, token ids and attention mask, padding included, so
-the padded length and with it the bucket are part of the key); proprio and
-task id are not forward inputs and come from the request each time. With
+Keys are sha256 digests of the backbone id and of the RAW request's forward
+inputs: every camera image (dtype, shape, bytes) and the instruction. Preparing
+a request (resize, normalise, patchify, tokenise, pad: ``Backbone.prepare``) is
+a deterministic function of these and of the backbone the id names, so equal
+raw inputs give equal prepared inputs and the same bits; and a hit needs no
+preparing at all (on the CPU device host, preparing took about four times the
+CPU of the forwards it fed, 2026-12-01, py-spy). Proprio and task id are not
+forward inputs and come from the request each time. With
 ``per_tenant`` the tenant is part of the key too: a tenant's hits come from its
 own inputs only, so no tenant can tell from its step times what another sent,
 and a tenant costs the device what it would cost alone (the service's default,
@@ -31,17 +35,13 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 
+import numpy as np
 import torch
 
 from backbone.feature import VLAFeature
-from backbone.inputs import Prepared
+from backbone.inputs import InvalidRequest, Prepared, VLARequest, proprio_tensor
 
 __all__ = ["FeatureCache", "for_request"]
-
-
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().cpu().contiguous()
-    return f"{t.dtype}{tuple(t.shape)}".encode() + t.view(torch.uint8).numpy().tobytes()
 
 
 def for_request(feature: VLAFeature, p: Prepared) -> VLAFeature:
@@ -60,17 +60,22 @@ class FeatureCache:
         self.hits = 0
         self.misses = 0
 
-    def key(self, p: Prepared) -> str:
+    def key(self, request: VLARequest) -> str:
+        """The digest of ``request``'s forward inputs (InvalidRequest if its images are not arrays)."""
         digest = hashlib.sha256(self.backbone_id.encode())
-        for t in (p.pixels.values, p.pixels.grid_thw, p.input_ids, p.attention_mask):
-            digest.update(b"-" if t is None else _tensor_bytes(t))
-        digest.update(repr(p.pixels.tokens_per_camera).encode())
+        images = request.images if isinstance(request.images, (list, tuple)) else [request.images]
+        for image in images:
+            if not isinstance(image, np.ndarray):
+                raise InvalidRequest(f"an image is a {type(image).__name__}, not an array")
+            digest.update(f"image:{image.dtype.str}{image.shape}".encode())
+            digest.update(np.ascontiguousarray(image).tobytes())
+        digest.update(b"text:" + str(request.instruction).encode())
         if self.per_tenant:
-            digest.update(b"tenant:" + p.tenant.encode())
+            digest.update(b"tenant:" + request.tenant.encode())
         return digest.hexdigest()
 
-    def get(self, p: Prepared, key: str | None = None) -> VLAFeature | None:
-        key = key or self.key(p)
+    def get(self, key: str, request: VLARequest) -> VLAFeature | None:
+        """The cached feature of ``key`` with ``request``'s own proprio and task id, or None."""
         entry = self._entries.get(key)
         if entry is None:
             self.misses += 1
@@ -78,10 +83,10 @@ class FeatureCache:
         self._entries.move_to_end(key)
         self.hits += 1
         sequence, mask, pooled = entry
-        return VLAFeature(sequence, mask, pooled, p.proprio.unsqueeze(0), torch.tensor([p.task_id]))
+        return VLAFeature(sequence, mask, pooled, proprio_tensor(request.proprio).unsqueeze(0),
+                          torch.tensor([int(request.task_id)]))
 
-    def put(self, p: Prepared, feature: VLAFeature, key: str | None = None) -> None:
-        key = key or self.key(p)
+    def put(self, key: str, feature: VLAFeature) -> None:
         if key in self._entries or self.max_bytes <= 0:
             return
         # a row of a group's output is a view that keeps the whole group's tensor alive: copy it

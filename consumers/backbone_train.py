@@ -61,9 +61,13 @@ GROUP = "backbone-train"
 
 @dataclass
 class _Job:
+    """A gradient job's rows: each either found in the feature cache (its feature set, nothing
+    prepared) or prepared for the forward."""
+
     record: ConsumerRecord
     event: ev.GradientJob
-    prepared: list[Prepared]
+    keys: list[str]  # in the feature cache
+    prepared: list[Prepared | None]
     features: list[VLAFeature | None] = field(default_factory=list)
 
 
@@ -187,43 +191,48 @@ class BackboneTrainRole:
                 log.info("gradient job of a stopped job skipped", tenant=event.tenant_id, job=event.job_id,
                          batch=event.batch_id)
                 return None
+            # each row's cached feature, or else its prepared input: a hit is never prepared
+            # (preparing costs several times the forward's CPU on a CPU device host); the cache is
+            # read here, on the loop, where inference writes it
             requests = gradient_job_requests(event)
-            prepared = await asyncio.to_thread(lambda: [self.service.backbone.prepare(r) for r in requests])
+            keys = [self.cache.key(r) for r in requests]
+            features = [self.cache.get(k, r) for k, r in zip(keys, requests, strict=True)]
+            prepare = self.service.backbone.prepare
+            prepared = await asyncio.to_thread(
+                lambda: [prepare(r) if f is None else None for r, f in zip(requests, features, strict=True)])
         except (JoynexusError, ValueError) as exc:
             log.error("gradient job dead-lettered", topic=record.topic, offset=record.offset,
                       error_class=type(exc).__name__, error=str(exc)[:300])
             return exc
-        return _Job(record, event, prepared, [None] * len(prepared))
+        self.hits += sum(f is not None for f in features)
+        return _Job(record, event, keys, prepared, features)
 
     async def _forward(self, jobs: list[_Job]) -> dict[str, float]:
         """One forward per bucket over every job's rows that are not cached (each distinct input once);
         returns device-seconds per tenant (a cached row costs nothing)."""
-        rows = [(job, i) for job in jobs for i in range(len(job.prepared))]
-        prepared = [job.prepared[i] for job, i in rows]
-        keys = await asyncio.to_thread(lambda: [self.cache.key(p) for p in prepared])
-        features = [self.cache.get(p, k) for p, k in zip(prepared, keys, strict=True)]
-        self.hits += sum(f is not None for f in features)
+        requested = sum(len(job.keys) for job in jobs)
+        rows = [(job, i) for job in jobs for i in range(len(job.keys)) if job.features[i] is None]
         first: dict[str, int] = {}
-        for r, feature in enumerate(features):
-            if feature is None:
-                first.setdefault(keys[r], r)
+        for r, (job, i) in enumerate(rows):
+            first.setdefault(job.keys[i], r)
         todo = list(first.values())
         computed, forwards = await forward_grouped_on(
-            self.service.gate, "train", self.service.backbone, [prepared[r] for r in todo]
+            self.service.gate, "train", self.service.backbone, [rows[r][0].prepared[rows[r][1]] for r in todo]
         )
         by_key = {}
         for r, feature in zip(todo, computed, strict=True):
-            self.cache.put(prepared[r], feature, keys[r])
-            by_key[keys[r]] = feature
-        for r, ((job, i), feature) in enumerate(zip(rows, features, strict=True)):
-            job.features[i] = feature if feature is not None else for_request(by_key[keys[r]], prepared[r])
+            job, i = rows[r]
+            self.cache.put(job.keys[i], feature)
+            by_key[job.keys[i]] = feature
+        for job, i in rows:  # a row of this poll's forward, or a repeat of one
+            job.features[i] = for_request(by_key[job.keys[i]], job.prepared[i])
         usage: dict[str, float] = defaultdict(float)
         for forward in forwards:
             for r in forward.rows:
                 usage[rows[todo[r]][0].event.tenant_id] += forward.busy_s / len(forward.rows)
         self.groups += len(forwards)
         self.rows += len(todo)
-        self.rows_requested += len(rows)
+        self.rows_requested += requested
         self.jobs += len(jobs)
         return usage
 

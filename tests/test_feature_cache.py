@@ -1,6 +1,7 @@
 """Features by content (backbone/feature_cache.py): a hit is bit-identical to computing the row again in
-any group, only forward inputs make the key, the size bound holds, and what inference computed when
-acting is, key and bits, what backbone-train computes for the rollout's gradient job."""
+any group, only forward inputs of the raw request make the key, the size bound holds, and what
+inference computed when acting is, key and bits, what backbone-train computes for the rollout's
+gradient job."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from backbone.batcher import BatcherConfig, GroupBatcher
 from backbone.feature_cache import FeatureCache
 from backbone.gate import DeviceGate
 from backbone.grouped import forward_grouped_on
-from backbone.inputs import VLARequest
+from backbone.inputs import InvalidRequest, VLARequest
 from backbone.model import Backbone
 from consumers.bus.episodes import Episode
 from consumers.convert import gradient_job_requests, observation_request
@@ -33,16 +34,17 @@ from tests.vla import requests
 
 def test_a_hit_equals_a_fresh_forward_in_another_group(backbones: dict[str, Backbone]) -> None:
     backbone = backbones["tiny"]
-    prepared = [backbone.prepare(r) for r in requests(6, words=4)]
+    raw = requests(6, words=4)
+    prepared = [backbone.prepare(r) for r in raw]
     cache = FeatureCache(backbone.backbone_id, 1 << 30)
-    for p, feature in zip(prepared[:3], backbone.forward(prepared[:3]), strict=True):
-        cache.put(p, feature)
+    for r, feature in zip(raw[:3], backbone.forward(prepared[:3]), strict=True):
+        cache.put(cache.key(r), feature)
     again = backbone.forward([prepared[1], prepared[4], prepared[5]])[0]  # other neighbours
-    hit = cache.get(prepared[1])
+    hit = cache.get(cache.key(raw[1]), raw[1])
     assert hit is not None and (cache.hits, len(cache)) == (1, 3)
     for name in ("sequence", "attention_mask", "pooled", "proprio", "task_id"):
         assert torch.equal(getattr(hit, name), getattr(again, name)), name
-    assert cache.get(prepared[4]) is None and cache.misses == 1
+    assert cache.get(cache.key(raw[4]), raw[4]) is None and cache.misses == 1
 
 
 def test_only_forward_inputs_make_the_key(backbones: dict[str, Backbone]) -> None:
@@ -51,35 +53,41 @@ def test_only_forward_inputs_make_the_key(backbones: dict[str, Backbone]) -> Non
     base = VLARequest("a", [image], "reach the red target", np.zeros(4, np.float32), task_id=1)
     other_proprio = VLARequest("b", [image], "reach the red target", np.ones(4, np.float32), task_id=2)
     other_text = VLARequest("a", [image], "reach the blue target", np.zeros(4, np.float32), task_id=1)
-    p, q, r = (backbone.prepare(x) for x in (base, other_proprio, other_text))
+    other_image = VLARequest("a", [image[::-1].copy()], "reach the red target", np.zeros(4, np.float32))
+    as_float = VLARequest("a", [image.astype(np.float32)], "reach the red target", np.zeros(4, np.float32))
+    p, q = backbone.prepare(base), backbone.prepare(other_proprio)
     cache = FeatureCache(backbone.backbone_id, 1 << 30)
-    assert cache.key(p) == cache.key(q) != cache.key(r)
-    assert FeatureCache("another-backbone", 1 << 30).key(p) != cache.key(p)
-    cache.put(p, backbone.forward([p])[0])
-    hit = cache.get(q)  # same image and words, another tenant's proprio and task: its own come back
+    assert cache.key(base) == cache.key(other_proprio) != cache.key(other_text)
+    assert len({cache.key(x) for x in (base, other_image, as_float)}) == 3  # bytes, dtype: all count
+    assert FeatureCache("another-backbone", 1 << 30).key(base) != cache.key(base)
+    cache.put(cache.key(base), backbone.forward([p])[0])
+    # same image and words, another tenant's proprio and task: its own come back
+    hit = cache.get(cache.key(other_proprio), other_proprio)
     assert torch.equal(hit.proprio, q.proprio.unsqueeze(0)) and int(hit.task_id) == 2
     # per tenant (the service's default): b never hits a's entry, a's own repeat does
     mine = FeatureCache(backbone.backbone_id, 1 << 30, per_tenant=True)
-    mine.put(p, backbone.forward([p])[0])
-    assert mine.get(q) is None and mine.key(q) != mine.key(p)
+    mine.put(mine.key(base), backbone.forward([p])[0])
+    assert mine.get(mine.key(other_proprio), other_proprio) is None
+    assert mine.key(other_proprio) != mine.key(base)
     again = VLARequest("a", [image], "reach the red target", np.ones(4, np.float32), task_id=1)
-    again = backbone.prepare(again)
-    assert mine.get(again) is not None
+    assert mine.get(mine.key(again), again) is not None
+    with pytest.raises(InvalidRequest):  # a malformed request gets a clear error, not a key
+        cache.key(VLARequest("a", ["not an image"], "reach", None))
 
 
 def test_least_recently_used_entries_go_beyond_the_size_bound(backbones: dict[str, Backbone]) -> None:
     backbone = backbones["tiny"]
-    prepared = [backbone.prepare(r) for r in requests(4, words=4)]
-    features = backbone.forward(prepared)
+    raw = requests(4, words=4)
+    features = backbone.forward([backbone.prepare(r) for r in raw])
     one = sum(t.numel() * t.element_size() for t in (features[0].sequence, features[0].attention_mask,
                                                        features[0].pooled))
     cache = FeatureCache(backbone.backbone_id, 2 * one)
-    for p, f in zip(prepared[:2], features[:2], strict=True):
-        cache.put(p, f)
-    assert cache.get(prepared[0]) is not None  # 0 is now the most recently used
-    cache.put(prepared[2], features[2])
+    for r, f in zip(raw[:2], features[:2], strict=True):
+        cache.put(cache.key(r), f)
+    assert cache.get(cache.key(raw[0]), raw[0]) is not None  # 0 is now the most recently used
+    cache.put(cache.key(raw[2]), features[2])
     assert len(cache) == 2 and cache.bytes <= 2 * one
-    assert cache.get(prepared[1]) is None and cache.get(prepared[0]) is not None
+    assert cache.get(cache.key(raw[1]), raw[1]) is None and cache.get(cache.key(raw[0]), raw[0]) is not None
     assert FeatureCache(backbone.backbone_id, 0).max_bytes == 0
 
 
@@ -121,13 +129,14 @@ async def test_inference_features_are_the_bits_training_computes(backbones: dict
     episodes = [Episode(f"s/{e}", [r for r in records if r.episode_id == f"s/{e}"]) for e in range(3)]
     (job,) = iteration_jobs(spec, 0, episodes, "test")
     job = Codec().decode(Codec().encode(job))  # as backbone-train reads it
-    prepared = [backbone.prepare(r) for r in gradient_job_requests(job)]
+    rows = gradient_job_requests(job)
+    prepared = [backbone.prepare(r) for r in rows]
     others = [backbone.prepare(r) for r in requests(7, words=4)]  # other neighbours in the forward
     trained, _ = await forward_grouped_on(DeviceGate(), "train", backbone, prepared + others)
     by_image = {r.observation.image.data: feature for r, feature in zip(records, acted, strict=True)}
-    for p, image, feature in zip(prepared, to_numpy(job.images), trained[:len(prepared)], strict=True):
+    for row, image, feature in zip(rows, to_numpy(job.images), trained[:len(prepared)], strict=True):
         acted_row = by_image[image.tobytes()]
-        hit = cache.get(p)
+        hit = cache.get(cache.key(row), row)
         assert hit is not None, "the training row's key differs from the inference row's"
         for field in ("sequence", "attention_mask", "pooled"):
             assert torch.equal(getattr(hit, field), getattr(feature, field)), (name, field)
