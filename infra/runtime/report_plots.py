@@ -166,7 +166,7 @@ def busy_bars(modes: dict[str, dict[str, float]], note: str) -> str:
         for x, v in zip(xs, times, strict=True):
             ax_time.text(x, v, f"{v:.1f}", ha="center", va="bottom", fontsize=7)
     centre = width * (len(names) - 1) / 2
-    labels = {"training_service": "busy training service\n(train + optimizer)"}
+    labels = {"training_service": "busy train\n+ optimizer"}
     ax_frac.set_xticks([j + centre for j in range(len(queues))], [labels.get(q, f"busy {q}") for q in queues])
     ax_frac.set(title="device busy fraction (busy s / device time held)", ylabel="fraction")
     ax_time.set_xticks([j + centre for j in range(3)], ["device time held", "busy train", "busy inference"])
