@@ -96,7 +96,7 @@ def markdown(results: dict[str, Any]) -> str:
                   f"(saving {mt['device_time_saving']:.1%}) "
                   f"| {PAPER['device_time_saving']} |"]
         for q in ("training_service", "train", "inference"):
-            i, s = iso.get(f"busy_fraction_{q}", 0.0), sha.get(f"busy_fraction_{q}", 0.0)
+            i, s = iso[f"busy_fraction_{q}"], sha[f"busy_fraction_{q}"]
             lines.append(f"| busy fraction {q} | {i:.1%} | {s:.1%} | {s / i if i else float('nan'):.2f}x "
                          f"| {PAPER[f'busy_fraction_{q}']} |")
         lines.append(f"\nfinal parameters bit-identical across runs: {sum(mt['bit_identical'])}/"

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from aiokafka import ConsumerRebalanceListener
@@ -68,7 +68,7 @@ class _Job:
     event: ev.GradientJob
     keys: list[str]  # in the feature cache
     prepared: list[Prepared | None]
-    features: list[VLAFeature | None] = field(default_factory=list)
+    features: list[VLAFeature | None]
 
 
 class _Listener(ConsumerRebalanceListener):
