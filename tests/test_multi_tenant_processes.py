@@ -1,5 +1,6 @@
 """``benchmarks/multi_tenant.py --deployment processes`` end to end on the smoke scenario: the service
-as OS processes under the supervisor (device host pinned to its own CPU), a warm-up, one isolated and
+as OS processes under the supervisor (device host and optimizer pinned to one CPU, the rest to the
+others), a warm-up, one isolated and
 one shared run, figures read from the device host's timeline file, bit-identical final parameters,
 and every output file. No assertion on time."""
 
@@ -34,6 +35,9 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["deployment"] == "processes" and result["tenants"] == 3
+    # the default plan: the device's work (forwards, optimizer steps) on one core, all else beside it
+    affinity = result["cpu_affinity"]
+    assert affinity["optimizer"] == affinity["device"] and not set(affinity["device"]) & set(affinity["rest"])
     assert result["bit_identical"] == [True] * 3
     assert [r["mode"] for r in result["runs"]] == ["isolated", "shared"]
     for run in result["runs"]:
@@ -58,7 +62,7 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
     assert len({run["optimizer_steps"] for run in result["runs"]}) == 1
     ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
     assert result["ratios"]["device_time_s"] == pytest.approx(ratio)
-    assert "device host pinned" in done.stdout and "training service" in done.stdout
+    assert "CPU affinity" in done.stdout and "training service" in done.stdout
     for name in ("multi_tenant.json", "comparison.json", "traces.json", "forwards.json", "jobs.json",
                  "report.html"):
         assert (run_dir / name).exists(), name
