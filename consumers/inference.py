@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 import torch
-from aiokafka.structs import ConsumerRecord
+from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
 from backbone.timeline import JSONL_SUFFIX
@@ -201,15 +201,17 @@ class InferenceRole:
                         self._tasks.add(task)
                         task.add_done_callback(self._tasks.discard)
                 if batches:
-                    await self._commit()
+                    await self._commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
         finally:
             if not stop.is_set():  # stopped by an error: an unpublished sum is lost (at most once)
                 metering.cancel()
             await asyncio.gather(metering, return_exceptions=True)
 
-    async def _commit(self) -> None:
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """The partitions just read, only: a bare ``commit()`` writes every assigned partition's
+        offset (three per tenant) to the broker's offsets log after every poll."""
         try:
-            await self.consumer.commit()
+            await self.consumer.commit(offsets)
         except Exception as exc:  # observations are re-asked for; a lost commit costs nothing
             log.warning("commit failed", error_class=type(exc).__name__)
 

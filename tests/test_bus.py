@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from aiokafka.structs import TopicPartition
 
+from consumers.bus.episodes import RolloutReader
 from consumers.bus.loop import ConsumeLoop, make_consumer
 from consumers.bus.protocols import RecordContext
 from infra.settings import Settings
-from infra.topics import TopicAdmin
+from infra.topics import TopicAdmin, tenant_topic
 from producers.producer import EventProducer
+from schemas import events as ev
+from schemas.codec import Codec
 from schemas.events import EVENT_TYPES, Envelope, Event, Heartbeat, RoleStatus
+from schemas.tensors import from_numpy
 from tests.helpers import dead_letters_from, read_topic, running, wait_for
 from tests.strategies import filled_event
 
@@ -205,3 +210,48 @@ async def test_logs_are_json_bound_to_the_record(settings: Settings, unique: str
         assert entry["role"] == "metering"
         assert entry["tenant"] == f"log-{unique}"
         assert (entry["topic"], entry["partition"], entry["offset"]) == (topic, 0, 0)
+
+
+async def test_rollout_reader_commits_only_offsets_that_moved(settings: Settings, unique: str) -> None:
+    """The rollout role and the evaluator commit after every poll; a commit is an append to the
+    broker's offsets log, so an offset that did not move is not committed again. A held episode
+    keeps the commit at its first record; once released, the commit moves past it."""
+    tenant = f"reader-{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_tenant(tenant)
+    topic = tenant_topic(settings, tenant, "rollouts")
+    tp = TopicPartition(topic, 0)
+    image = from_numpy(np.zeros((8, 8, 3), np.uint8))
+    async with EventProducer(settings) as producer:
+        for step in range(3):
+            obs = ev.Observation(envelope=ev.Envelope(tenant_id=tenant), session_id="s", episode_id="s/0",
+                                 step=step, instruction="reach", image=image)
+            await producer.send(topic, ev.RolloutRecord(
+                envelope=ev.Envelope(tenant_id=tenant), session_id="s", episode_id="s/0", step=step,
+                reset_seed=0, observation=obs, action=from_numpy(np.zeros(2, np.float32)), reward=0.0,
+                terminated=step == 2, truncated=False, success=False, policy_version=0), partition=0)
+    reader = RolloutReader(make_consumer(settings, f"reader-{unique}", topics=[topic]), Codec())
+    commits: list[dict] = []
+    real_commit = reader.consumer.commit
+
+    async def counted(offsets=None):  # a spy: the real commit, counted
+        commits.append(dict(offsets))
+        await real_commit(offsets)
+
+    reader.consumer.commit = counted
+    await reader.consumer.start()
+    try:
+        async def read_all() -> bool:
+            await reader.poll()
+            return reader.read == 3
+        await wait_for(read_all, what="the episode's three records")
+        await reader.commit()
+        await reader.commit()  # nothing moved
+        assert commits == [{tp: 0}]  # the held episode keeps its first record uncommitted
+        reader.collector.release("s")
+        await reader.commit()
+        await reader.commit()
+        assert commits == [{tp: 0}, {tp: 3}]
+        assert await reader.consumer.committed(tp) == 3
+    finally:
+        await reader.consumer.stop()

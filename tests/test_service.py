@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import pytest_asyncio
+from aiokafka.admin import AIOKafkaAdminClient
 
+from infra.connection import client_options
 from infra.topics import tenant_topic
 from producers.client.sdk import JobHandle
 from producers.dataset.generate import generate_dataset
@@ -23,7 +25,7 @@ from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.jobstate import JobState
 from schemas.tensors import from_numpy, to_numpy
-from tests.helpers import wait_for
+from tests.helpers import read_topic, wait_for
 from tests.service_helpers import (
     SMALL_ENV,
     Stack,
@@ -351,6 +353,33 @@ async def test_an_env_asking_again_gets_the_same_action_and_costs_no_forward(sta
     assert all(to_numpy(a.action).tobytes() == to_numpy(first.action).tobytes() for a in again)
     assert {a.policy_version for a in again} == {first.policy_version}
     assert inference.answered == answered  # no action was computed for the repeats
+
+
+async def test_inference_commits_only_the_partitions_it_read(stack: Stack, unique: str) -> None:
+    """Inference commits after every poll; a bare commit would write every assigned observations
+    partition (three per tenant, of every tenant) to the broker's offsets log each time. Only the
+    partitions it read are committed, each to the end of what it read."""
+    tenant = f"commits-{unique}"
+    await stack.run(stack.rl_spec(tenant, f"job-{unique}", rl={"iterations": 1, "episodes_per_iteration": 1,
+                                                                "minibatch_size": 8, "ppo_epochs": 1}))
+    topic = tenant_topic(stack.settings, tenant, "observations")
+    ends: dict[int, int] = {}
+    for record in await read_topic(stack.settings, topic):
+        ends[record.partition] = record.offset + 1
+    assert len(ends) == 1  # one session: one partition of three has observations
+
+    async def committed() -> dict[int, int]:
+        admin = AIOKafkaAdminClient(**client_options(stack.settings))
+        await admin.start()
+        try:
+            offsets = await admin.list_consumer_group_offsets("inference")
+        finally:
+            await admin.close()
+        return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+
+    async def caught_up() -> bool:
+        return await committed() == ends
+    await wait_for(caught_up, 30, f"the inference group's commits of {topic}")
 
 
 async def test_nan_loss_fails_that_tenant_alone(stack: Stack, unique: str) -> None:

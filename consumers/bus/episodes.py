@@ -114,6 +114,7 @@ class RolloutReader:
         self.codec = codec
         self.collector = EpisodeCollector()
         self.read = 0  # records read: the reader's progress
+        self._committed: dict[TopicPartition, int] = {}
 
     async def poll(self) -> None:
         batches = await self.consumer.getmany(timeout_ms=200)
@@ -134,11 +135,16 @@ class RolloutReader:
                     self.collector.add(record, event)
 
     async def commit(self) -> None:
+        """Commit the safe offsets that moved since the last commit. Only those: every commit is an
+        append to the broker's offsets log, and the roles call this after every poll."""
         owned = self.consumer.assignment()
-        offsets = {tp: o for tp, o in self.collector.safe_offsets().items() if tp in owned}
+        offsets = {tp: o for tp, o in self.collector.safe_offsets().items()
+                   if tp in owned and self._committed.get(tp) != o}
         if not offsets:
             return
         try:
             await self.consumer.commit(offsets)
         except Exception as exc:  # a re-read is harmless: held records are read again, deduped downstream
             log.warning("commit failed", error_class=type(exc).__name__)
+            return
+        self._committed.update(offsets)
