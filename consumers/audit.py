@@ -171,7 +171,7 @@ async def audit_tenant(settings: Settings, tenant: str, version: int | None = No
                 if s.kind in ("RL", "SFT") and "start_version" in s.resources]
     records = [r async for r in replay(settings, tenant_topic(settings, tenant, "features"))]
     for state in sorted(jobs, key=lambda s: int(s.resources["start_version"])):
-        spec = JobSpec.parse(state.spec_json)
+        spec = state.spec
         slot = audit.root(spec.job_id, int(state.resources["start_version"]))
         if slot is not None:  # CPU-bound: off the event loop
             await asyncio.to_thread(audit.fold, spec, slot, records)

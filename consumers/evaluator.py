@@ -83,7 +83,7 @@ class EvaluatorRole:
         for key, state in list(self.service.book.jobs.items()):
             if state.kind != "EVAL" or state.phase != "accepted" or key in self._scoring:
                 continue
-            spec = JobSpec.parse(state.spec_json)
+            spec = state.spec
             if spec.dataset is not None:
                 self._scoring[key] = asyncio.create_task(
                     self._score(state, spec), name=f"score-{state.job_id}"
@@ -164,7 +164,7 @@ class EvaluatorRole:
             if state.kind != "EVAL" or state.terminal or state.cancel_requested:
                 self.collector.release(session_id)
                 continue
-            spec = JobSpec.parse(state.spec_json)
+            spec = state.spec
             if len(episodes) < spec.eval.episodes:
                 continue
             metrics = episode_metrics(episodes[: spec.eval.episodes])

@@ -182,7 +182,7 @@ class TenantOptimizer:
         state = self.service.book.get(self.tenant, job_id)
         if state is None or "start_version" not in state.resources:
             raise JoynexusError(f"feature batch for job {job_id}, which was never accepted")
-        spec = JobSpec.parse(state.spec_json)
+        spec = state.spec
         start_version = int(state.resources["start_version"])
         start = self.service.store.load(self.tenant, start_version).meta
         committed = await self.consumer.committed(self.tp) or 0

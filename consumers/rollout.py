@@ -194,7 +194,7 @@ class RolloutRole:
                 continue
             if state.kind != "RL":
                 continue  # the book has the session but not yet the job's kind
-            spec = JobSpec.parse(state.spec_json)
+            spec = state.spec
             if self.service.book.stopped(tenant, spec.job_id):
                 self.collector.release(session_id)
                 continue
@@ -319,7 +319,7 @@ class RolloutRole:
         for (tenant, job_id), state in list(self.service.book.jobs.items()):
             if state.kind != "RL" or state.phase != "accepted" or self.service.book.stopped(tenant, job_id):
                 continue
-            spec = JobSpec.parse(state.spec_json)
+            spec = state.spec
             if spec.rl.mode != "sync":
                 continue
             prefix = plan.session_prefix(tenant, job_id)

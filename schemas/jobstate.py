@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from schemas import events as ev
+from schemas.jobspec import JobSpec
 
 __all__ = ["TERMINAL", "JobState", "fold"]
 
@@ -37,6 +38,15 @@ class JobState:
     resources: dict[str, str] = field(default_factory=dict)
     sessions: dict[str, str] = field(default_factory=dict)  # session id -> SessionStatus value
     cancel_requested: bool = False
+    _parsed: tuple[str, JobSpec] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def spec(self) -> JobSpec:
+        """``spec_json`` parsed, once per text: the rollout role and the evaluator read every
+        running job's spec after every poll, and YAML parsing was half the rollout role's CPU."""
+        if self._parsed is None or self._parsed[0] != self.spec_json:
+            self._parsed = (self.spec_json, JobSpec.parse(self.spec_json))
+        return self._parsed[1]
 
     @property
     def terminal(self) -> bool:

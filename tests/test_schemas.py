@@ -19,6 +19,8 @@ from schemas.check import all_drift, drift
 from schemas.codec import Codec
 from schemas.confluent import ConfluentRegistry
 from schemas.events import EVENT_TYPES, Envelope, Heartbeat, RoleStatus, Tensor
+from schemas.jobspec import JobSpecInvalid
+from schemas.jobstate import JobState
 from schemas.registry import HISTORY_DIR, SCHEMA_DIR, SchemaRegistry
 from schemas.tensors import from_numpy, to_numpy
 from tests.strategies import any_event, avro_strategy
@@ -215,3 +217,18 @@ def _carrier(tensor: Tensor):
     from schemas.events import Action
     return Action(envelope=Envelope(tenant_id="acme"), session_id="s", episode_id="e", step=0,
                   action=tensor, policy_version=1)
+
+
+def test_a_job_states_spec_is_parsed_once_per_text() -> None:
+    """Roles read every running job's spec after every poll: the state parses it once, again only
+    when its text changes, and an invalid text fails every time (nothing half-parsed is kept)."""
+    state = JobState(tenant="t", job_id="j")
+    state.spec_json = json.dumps({"kind": "rl", "tenant": "t", "job_id": "j", "env": {}})
+    first = state.spec
+    assert state.spec is first and first.job_id == "j" and first.kind == "rl"
+    state.spec_json = json.dumps({"kind": "rl", "tenant": "t", "job_id": "k", "env": {}})
+    assert state.spec.job_id == "k"
+    state.spec_json = "{kind: nonsense"
+    for _ in range(2):
+        with pytest.raises(JobSpecInvalid):
+            state.spec  # noqa: B018 - the property is what is tested

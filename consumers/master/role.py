@@ -364,7 +364,7 @@ class Master:
                 del self.feeders[key]
             if state.terminal or state.phase != "accepted":
                 continue
-            spec = JobSpec.parse(state.spec_json)
+            spec = state.spec
             limit = spec.limits.max_wall_time_s
             if limit and state.submitted_at and time.time() - state.submitted_at.timestamp() > limit:
                 await self._fail(state, "WallTimeExceeded", f"ran longer than limits.max_wall_time_s={limit}")
