@@ -91,6 +91,9 @@ def _read_spec(path: Path, config, tokenizer) -> BackboneSpec:
     return BackboneSpec(family=config.model_type, image_size=int(size), tokens=tokens)
 
 
+INSTRUCTION_CACHE_ENTRIES = 4096
+
+
 class Backbone:
     """A frozen VLM with its tokenizer and image processor."""
 
@@ -102,6 +105,7 @@ class Backbone:
         self.backbone_id = backbone_id
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        self._instruction_ids: dict[str, tuple[int, ...]] = {}
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
@@ -163,7 +167,7 @@ class Backbone:
         images = resize_images(request.images, spec.image_size, spec.max_cameras)
         if not isinstance(request.instruction, str):
             raise InvalidRequest("instruction must be a string")
-        ids = self.tokenizer(request.instruction, add_special_tokens=False)["input_ids"]
+        ids = list(self._tokenize(request.instruction))
         pixels = self.family.pixels(images)
         row, mask = self.family.layout(pixels, ids, spec.token_buckets)
         return Prepared(
@@ -171,6 +175,18 @@ class Backbone:
             input_ids=torch.tensor(row, dtype=torch.long), attention_mask=torch.tensor(mask),
             proprio=proprio_tensor(request.proprio), task_id=int(request.task_id),
         )
+
+    def _tokenize(self, instruction: str) -> tuple[int, ...]:
+        """Token ids of an instruction, remembered: a session sends the same instruction every step,
+        and tokenising was a fifth of preparing a request. Bounded; threads may race to fill an
+        entry, with the same value."""
+        ids = self._instruction_ids.get(instruction)
+        if ids is None:
+            if len(self._instruction_ids) >= INSTRUCTION_CACHE_ENTRIES:
+                self._instruction_ids.clear()
+            ids = tuple(self.tokenizer(instruction, add_special_tokens=False)["input_ids"])
+            self._instruction_ids[instruction] = ids
+        return ids
 
     @torch.no_grad()
     def forward(self, group: Sequence[Prepared]) -> list[VLAFeature]:

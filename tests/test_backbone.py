@@ -247,3 +247,21 @@ def test_a_foreign_checkpoint_without_our_spec_loads(model_root: Path, backbones
     request = requests(1, words=4)[0]
     (a,) = backbone.forward([backbone.prepare(request)])
     assert a.sequence.shape[-1] == ours.hidden_size and torch.isfinite(a.sequence).all()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_remembered_instruction_ids_are_the_tokenizers(backbones: dict[str, Backbone], name: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token ids are remembered per instruction (a session repeats its instruction every step): the
+    same ids as the tokenizer gives, the same prepared row every time, and bounded."""
+    backbone = backbones[name]
+    request = requests(1, words=4, seed=3)[0]
+    first, again = backbone.prepare(request), backbone.prepare(request)
+    fresh = backbone.tokenizer(request.instruction, add_special_tokens=False)["input_ids"]
+    assert list(backbone._tokenize(request.instruction)) == fresh
+    assert torch.equal(first.input_ids, again.input_ids) and torch.equal(first.attention_mask,
+                                                                           again.attention_mask)
+    monkeypatch.setattr("backbone.model.INSTRUCTION_CACHE_ENTRIES", 2)
+    for words in ("a", "b c", "d e f"):
+        backbone._tokenize(words)
+    assert len(backbone._instruction_ids) <= 2
