@@ -19,8 +19,8 @@ rollout's gradient jobs bring the same observations back.
 Sampling noise comes from a generator seeded by (session's action_seed,
 episode, step), so an action never depends on which tenants shared its
 group or in what order observations arrived. Observations are requests, not
-state: offsets are committed as they are read, and an env that gets no answer
-asks again, so a restarted inference role loses nothing.
+state: offsets are committed as they are read (at most a second behind), and an
+env that gets no answer asks again, so a restarted inference role loses nothing.
 
 A policy that cannot run is not left to be asked forever: an observation that fails twice (the
 second time after the read models caught up) fails its job with ``JobFailed`` (stage
@@ -63,6 +63,7 @@ __all__ = ["InferenceRole", "action_generator"]
 log = get_logger("consumers.inference")
 ANSWERS_KEPT = 10_000  # recent answers kept for repeated asks (an env re-asks within seconds)
 GROUP = "inference"
+COMMIT_EVERY_S = 1.0  # observations are requests: a restart re-reads at most this long of them
 TIMELINE_EXPORT_S = 2.0  # how often the device timeline is appended to its file (run reports read it)
 
 
@@ -121,6 +122,8 @@ class InferenceRole:
         self._policies: OrderedDict[tuple[str, int], TenantSlot] = OrderedDict()
         self._loading: dict[tuple[str, int], asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._unsaved: dict[TopicPartition, int] = {}  # positions read, not committed yet
+        self._next_commit = 0.0
         self.answered = 0
         self.usage: dict[str, float] = {}  # tenant -> device-seconds not yet published
         self.run_id = uuid.uuid4().hex[:12]  # usage ids stay unique across restarts
@@ -200,16 +203,27 @@ class InferenceRole:
                         task = asyncio.create_task(self._answer(record))
                         self._tasks.add(task)
                         task.add_done_callback(self._tasks.discard)
-                if batches:
-                    await self._commit({tp: records[-1].offset + 1 for tp, records in batches.items()})
+                self._unsaved.update({tp: records[-1].offset + 1 for tp, records in batches.items()})
+                if self._unsaved and time.monotonic() >= self._next_commit:
+                    await self._commit()
         finally:
+            if self._unsaved:
+                await self._commit()
             if not stop.is_set():  # stopped by an error: an unpublished sum is lost (at most once)
                 metering.cancel()
             await asyncio.gather(metering, return_exceptions=True)
 
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        """The partitions just read, only: a bare ``commit()`` writes every assigned partition's
-        offset (three per tenant) to the broker's offsets log after every poll."""
+    async def _commit(self) -> None:
+        """The positions read since the last commit, at most every ``COMMIT_EVERY_S``: a commit is an
+        append to the broker's offsets log, and a bare ``commit()`` after every poll wrote every
+        assigned partition (three per tenant). A restart re-reads at most that long of observations;
+        their actions come out the same (sampling is seeded per step) and an env drops answers
+        to steps it is past."""
+        owned = self.consumer.assignment()  # a partition moved away by a rebalance is its new owner's
+        offsets = {tp: offset for tp, offset in self._unsaved.items() if tp in owned}
+        self._unsaved, self._next_commit = {}, time.monotonic() + COMMIT_EVERY_S
+        if not offsets:
+            return
         try:
             await self.consumer.commit(offsets)
         except Exception as exc:  # observations are re-asked for; a lost commit costs nothing
