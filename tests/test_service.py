@@ -213,7 +213,7 @@ async def test_grouped_run_equals_run_alone(stack: Stack, unique: str, reach_dem
     jobs = [await stack.client.submit(spec) for spec in (
         stack.rl_spec(grouped_t, f"{job_id}-again", seed=7, env=env, rl=rl),
         stack.rl_spec(f"peer-{unique}", f"job-peer-{unique}", seed=8, env=env, rl=rl),
-        sft_spec(f"sft-peer-{unique}", f"job-sft-peer-{unique}", reach_demos, epochs=15, batch_size=4,
+        sft_spec(f"sft-peer-{unique}", f"job-sft-peer-{unique}", reach_demos, epochs=40, batch_size=4,
                  publish_every=20),  # a long training backlog for the grouped tenant's minibatches
     )]
     states = [await stack.follow(job) for job in jobs]
