@@ -532,7 +532,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--builtin-third", action="store_true",
                         help="the third RL tenant on the built-in Push task instead of ManiSkill PushCube")
     parser.add_argument("--deployment", choices=("in-process", "processes"), default="in-process",
-                        help="roles in this process, or as OS processes with the device host on its own core")
+                        help="roles in this process, or as OS processes with the device host and "
+                             "the optimizer on their own core")
     parser.add_argument("--cpus", type=_cpus, default=None,
                         help="processes: CPU affinity per kind, e.g. device=0,rest=1 (default: the first "
                              "CPU this process may use for the device host and the optimizer, the "
