@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import TopicPartition
 
 from infra.connection import client_options
 from infra.topics import tenant_topic
@@ -210,12 +211,28 @@ async def test_grouped_run_equals_run_alone(stack: Stack, unique: str, reach_dem
     job_id = f"job-same-{unique}"
     alone = await stack.run(stack.rl_spec(alone_t, job_id, seed=7, env=env, rl=rl))
 
+    # Backbone-train holds the three tenants' gradient jobs until the grouped tenant's first ones and
+    # the SFT peer's are both queued, so its first poll mixes tenants for sure: how fast each role
+    # runs must not decide whether this test proves anything (it proved nothing 1 run in 2 once the
+    # rollout role got faster).
+    peers = (f"peer-{unique}", f"sft-peer-{unique}")
+    held = [TopicPartition(tenant_topic(stack.settings, t, "gradient-jobs"), 0) for t in (grouped_t, *peers)]
+    for tenant in (grouped_t, *peers):
+        await stack.ensure_tenant(tenant)
+    train = stack.supervisor.roles["backbone-train"]
+    await wait_for(lambda: set(held) <= train.consumer.assignment(), 60,
+                   "backbone-train assigned the new tenants' gradient jobs")
+    train.consumer.pause(*held)
     jobs = [await stack.client.submit(spec) for spec in (
         stack.rl_spec(grouped_t, f"{job_id}-again", seed=7, env=env, rl=rl),
-        stack.rl_spec(f"peer-{unique}", f"job-peer-{unique}", seed=8, env=env, rl=rl),
-        sft_spec(f"sft-peer-{unique}", f"job-sft-peer-{unique}", reach_demos, epochs=40, batch_size=4,
-                 publish_every=20),  # a long training backlog for the grouped tenant's minibatches
+        stack.rl_spec(peers[0], f"job-peer-{unique}", seed=8, env=env, rl=rl),
+        sft_spec(peers[1], f"job-sft-peer-{unique}", reach_demos, epochs=15, batch_size=4, publish_every=20),
     )]
+
+    async def both_queued() -> bool:
+        return all([await read_topic(stack.settings, tp.topic) for tp in (held[0], held[2])])
+    await wait_for(both_queued, 120, "the grouped tenant's and the SFT peer's gradient jobs")
+    train.consumer.resume(*held)
     states = [await stack.follow(job) for job in jobs]
     grouped = states[0]
 
