@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["iteration_of", "part_slices", "rl_session_id", "rollout_key", "session_prefix"]
+__all__ = ["eval_session_id", "is_eval_rollout_key", "iteration_of", "part_slices", "rl_session_id",
+           "rollout_key", "session_prefix"]
 
+_EVAL = "-eval"
 _ITERATION = re.compile(r"^(?P<base>.+-it(?P<k>\d+))(?:-s(?P<j>\d+))?$")
 
 
@@ -35,6 +37,17 @@ def rl_session_id(tenant: str, job_id: str, iteration: int, part: int | None = N
     """Sync RL iteration ``iteration``; ``part`` names one of its parallel sessions (None: the only one)."""
     base = f"{session_prefix(tenant, job_id)}-it{iteration}"
     return base if part is None else f"{base}-s{part}"
+
+
+def eval_session_id(tenant: str, job_id: str) -> str:
+    """An evaluation job's one session."""
+    return f"{session_prefix(tenant, job_id)}{_EVAL}"
+
+
+def is_eval_rollout_key(key: bytes | None) -> bool:
+    """Whether a rollout record's key (``rollout_key``, UTF-8) is an evaluation session's: the
+    evaluator reads every tenant's rollouts and decodes only these."""
+    return key is not None and key.endswith(_EVAL.encode())
 
 
 def iteration_of(session_id: str, prefix: str) -> tuple[int, int | None] | None:

@@ -15,6 +15,7 @@ from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
 from schemas.events import EVENT_TYPES, Envelope, Event, Heartbeat, RoleStatus
+from schemas.sessions import eval_session_id, is_eval_rollout_key, rl_session_id, rollout_key
 from schemas.tensors import from_numpy
 from tests.helpers import dead_letters_from, read_topic, running, wait_for
 from tests.strategies import filled_event
@@ -252,6 +253,49 @@ async def test_rollout_reader_commits_only_offsets_that_moved(settings: Settings
         await reader.commit()
         await reader.commit()
         assert commits == [{tp: 0}, {tp: 3}]
+        assert await reader.consumer.committed(tp) == 3
+    finally:
+        await reader.consumer.stop()
+
+
+async def test_rollout_reader_skips_unwanted_keys_undecoded(settings: Settings, unique: str) -> None:
+    """The evaluator decodes only evaluation sessions' rollouts (picked by their key); a training
+    session's records are never decoded (a record that would not decode proves it) and hold
+    nothing back: the commit moves past them."""
+    tenant = f"skip-{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_tenant(tenant)
+    topic = tenant_topic(settings, tenant, "rollouts")
+    tp = TopicPartition(topic, 0)
+    train, evaluation = rl_session_id(tenant, "job", 0), eval_session_id(tenant, "job")
+    obs = ev.Observation(envelope=ev.Envelope(tenant_id=tenant), session_id=evaluation,
+                         episode_id=f"{evaluation}/0", step=0, instruction="reach")
+    async with EventProducer(settings) as producer:
+        await producer.send_raw(topic, b"not avro", key=rollout_key(train), partition=0)
+        await producer.send(topic, ev.RolloutRecord(
+            envelope=ev.Envelope(tenant_id=tenant), session_id=evaluation, episode_id=f"{evaluation}/0",
+            step=0, reset_seed=0, observation=obs, action=from_numpy(np.zeros(2, np.float32)), reward=1.0,
+            terminated=True, truncated=False, success=True, policy_version=0),
+            key=rollout_key(evaluation), partition=0)
+        await producer.send_raw(topic, b"not avro either", key=rollout_key(train), partition=0)
+    reader = RolloutReader(make_consumer(settings, f"skip-{unique}", topics=[topic]), Codec(),
+                           wants=is_eval_rollout_key)
+    decoded: list[bytes] = []
+    real_decode = reader.codec.decode
+    reader.codec.decode = lambda value: decoded.append(value) or real_decode(value)  # a spy
+    await reader.consumer.start()
+    try:
+        async def read_all() -> bool:
+            await reader.poll()
+            return reader.read == 3
+        await wait_for(read_all, what="the three records")
+        assert len(decoded) == 1
+        assert reader.collector.sessions() == [evaluation]
+        assert [e.success for e in reader.collector.done_episodes(evaluation)] == [True]
+        await reader.commit()
+        assert await reader.consumer.committed(tp) == 1  # held at the evaluation's episode
+        reader.collector.release(evaluation)
+        await reader.commit()
         assert await reader.consumer.committed(tp) == 3
     finally:
         await reader.consumer.stop()

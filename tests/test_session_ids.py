@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from schemas.sessions import iteration_of, part_slices, rl_session_id, rollout_key
+from schemas.sessions import (
+    eval_session_id,
+    is_eval_rollout_key,
+    iteration_of,
+    part_slices,
+    rl_session_id,
+    rollout_key,
+)
 
 
 @pytest.mark.parametrize(("episodes", "envs", "expected"), [
@@ -31,3 +38,13 @@ def test_iteration_ids_parse_back_and_parts_share_a_rollout_key() -> None:
     assert rollout_key(part) == rollout_key(rl_session_id("acme", "job-it3-s2", 7, 0)) == only
     assert rollout_key(only) == only
     assert rollout_key(f"{prefix}-eval") == f"{prefix}-eval"
+
+
+def test_only_evaluation_sessions_have_an_evaluation_rollout_key() -> None:
+    """The evaluator decodes the rollouts whose key says evaluation, and nothing else."""
+    evaluation = rollout_key(eval_session_id("acme", "job-eval")).encode()
+    assert is_eval_rollout_key(evaluation)
+    for training in (rl_session_id("acme", "job-eval", 0), rl_session_id("acme", "job-eval", 0, 1),
+                     "acme.job-eval-env0"):
+        assert not is_eval_rollout_key(rollout_key(training).encode())
+    assert not is_eval_rollout_key(None)

@@ -12,6 +12,7 @@ acted on is recognised downstream (deterministic ids and sequences).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -63,9 +64,14 @@ class EpisodeCollector:
         self._released: set[str] = set()
         self._read: dict[TopicPartition, int] = {}
 
-    def add(self, record: ConsumerRecord, event: ev.RolloutRecord) -> None:
+    def skip(self, record: ConsumerRecord) -> TopicPartition:
+        """A record read and not wanted: it holds nothing back."""
         tp = TopicPartition(record.topic, record.partition)
         self._read[tp] = record.offset + 1
+        return tp
+
+    def add(self, record: ConsumerRecord, event: ev.RolloutRecord) -> None:
+        tp = self.skip(record)
         if event.session_id in self._released:
             return
         session = self._sessions.setdefault(event.session_id, _Session())
@@ -107,11 +113,14 @@ class EpisodeCollector:
 
 class RolloutReader:
     """A consumer of the rollouts topics feeding an ``EpisodeCollector``, committing only what the
-    collector no longer holds (the rollout role and the evaluator each run one, in their own group)."""
+    collector no longer holds (the rollout role and the evaluator each run one, in their own group).
+    ``wants(key)``, if given, picks the records worth decoding by their key; the others are skipped
+    undecoded (decoding a record costs more than everything else the reader does with it)."""
 
-    def __init__(self, consumer, codec: Codec):
+    def __init__(self, consumer, codec: Codec, wants: Callable[[bytes | None], bool] | None = None):
         self.consumer = consumer
         self.codec = codec
+        self.wants = wants
         self.collector = EpisodeCollector()
         self.read = 0  # records read: the reader's progress
         self._committed: dict[TopicPartition, int] = {}
@@ -121,6 +130,9 @@ class RolloutReader:
         for records in batches.values():
             self.read += len(records)
             for record in records:
+                if self.wants is not None and not self.wants(record.key):
+                    self.collector.skip(record)
+                    continue
                 try:
                     event = self.codec.decode(record.value)
                 except SchemaError as exc:

@@ -22,7 +22,7 @@ from producers.dataset.feeder import FeedPlan
 from producers.dataset.format import Dataset, DatasetError, layout_batches
 from schemas import events as ev
 from schemas.jobspec import JobSpec
-from schemas.sessions import part_slices, rl_session_id, session_prefix
+from schemas.sessions import eval_session_id, part_slices, rl_session_id, session_prefix
 from tenants.config import HeadConfig, OptimConfig, PPOConfig, SuffixConfig, TenantConfig
 
 __all__ = [
@@ -223,7 +223,7 @@ def async_sessions(spec: JobSpec, producer: str) -> list[ev.EnvSessionRequested]
 def eval_session(spec: JobSpec, version: int, producer: str) -> ev.EnvSessionRequested:
     return _session(
         spec,
-        f"{session_prefix(spec.tenant, spec.job_id)}-eval",
+        eval_session_id(spec.tenant, spec.job_id),
         EVAL_SEED_BASE + train_seed(spec),
         spec.eval.episodes,
         version,
