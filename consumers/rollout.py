@@ -206,23 +206,23 @@ class RolloutRole:
     async def _advance_sync(self, spec: JobSpec, session_id: str) -> None:
         """An iteration trains once every one of its sessions has played its run of episodes: the
         episodes, sorted by reset seed, are the iteration's in episode order, however many sessions
-        collected them (the master split them with ``plan.iteration_sessions``)."""
+        collected them (the master split them with ``plan.iteration_parts``)."""
         found = iteration_of(session_id, plan.session_prefix(spec.tenant, spec.job_id))
         if found is None or session_id in self._emitted:
             return
         iteration = found[0]
-        parts = plan.iteration_sessions(spec, iteration, None, self.producer_id)
+        parts = plan.iteration_parts(spec, iteration)
         episodes: list[Episode] = []
-        for part in parts:
-            done = self.collector.done_episodes(part.session_id)
-            if len(done) < part.episodes:
+        for part_id, _, count in parts:
+            done = self.collector.done_episodes(part_id)
+            if len(done) < count:
                 return  # a part still collects (or its records are not all read yet)
-            episodes += done[: part.episodes]
+            episodes += done[:count]
         episodes.sort(key=lambda e: e.order)
         await self._emit(spec, iteration, episodes)
-        for part in parts:
-            self._emitted.add(part.session_id)
-            self.collector.release(part.session_id)
+        for part_id, _, _ in parts:
+            self._emitted.add(part_id)
+            self.collector.release(part_id)
 
     async def _advance_async(self, spec: JobSpec, session_id: str, episodes: list[Episode]) -> None:
         key = (spec.tenant, spec.job_id)

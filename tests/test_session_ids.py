@@ -48,3 +48,19 @@ def test_only_evaluation_sessions_have_an_evaluation_rollout_key() -> None:
                      "acme.job-eval-env0"):
         assert not is_eval_rollout_key(rollout_key(training).encode())
     assert not is_eval_rollout_key(None)
+
+
+@pytest.mark.parametrize("envs", [1, 3, 8])
+def test_iteration_parts_name_the_sessions_the_master_requests(envs) -> None:
+    """The rollout role waits on ``iteration_parts``; the master requests ``iteration_sessions``:
+    the same sessions, playing consecutive seeds, whatever the split."""
+    from consumers.master import plan
+    from schemas.jobspec import JobSpec
+
+    spec = JobSpec.parse({"kind": "rl", "tenant": "acme", "job_id": "j", "seed": 1,
+                          "env": {"env_id": "joynexus/Reach-v0"},
+                          "rl": {"episodes_per_iteration": 5, "envs": envs}})
+    parts, sessions = plan.iteration_parts(spec, 3), plan.iteration_sessions(spec, 3, 2, "test")
+    assert [(p[0], p[2]) for p in parts] == [(s.session_id, s.episodes) for s in sessions]
+    seeds = [s.seed + i for s in sessions for i in range(s.episodes)]
+    assert seeds == list(range(seeds[0], seeds[0] + 5))

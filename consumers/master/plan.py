@@ -33,6 +33,7 @@ __all__ = [
     "env_dims",
     "eval_session",
     "feed_plan",
+    "iteration_parts",
     "iteration_sessions",
     "rl_session_id",
     "tenant_config",
@@ -183,25 +184,24 @@ def _session(
     )
 
 
+def iteration_parts(spec: JobSpec, iteration: int) -> list[tuple[str, int, int]]:
+    """Sync RL iteration k's ``min(rl.envs, E)`` parts as (session id, first episode, episodes):
+    part j plays the contiguous run of episodes ``part_slices`` gives it. The rollout role asks
+    this after every poll, so it builds no events."""
+    slices = part_slices(spec.rl.episodes_per_iteration, spec.rl.envs)
+    part = (lambda j: None) if len(slices) == 1 else (lambda j: j)
+    return [(rl_session_id(spec.tenant, spec.job_id, iteration, part(j)), first, count)
+            for j, (first, count) in enumerate(slices)]
+
+
 def iteration_sessions(
     spec: JobSpec, iteration: int, version: int | None, producer: str
 ) -> list[ev.EnvSessionRequested]:
-    """Sync RL iteration k (pinned to the version it collects with): ``min(rl.envs, E)`` sessions,
-    session j playing the contiguous run of episodes ``part_slices`` gives it, with their seeds."""
-    e = spec.rl.episodes_per_iteration
-    slices = part_slices(e, spec.rl.envs)
-    return [
-        _session(
-            spec,
-            rl_session_id(spec.tenant, spec.job_id, iteration, None if len(slices) == 1 else j),
-            train_seed(spec) + iteration * e + first,
-            count,
-            version,
-            False,
-            producer,
-        )
-        for j, (first, count) in enumerate(slices)
-    ]
+    """Sync RL iteration k (pinned to the version it collects with): one session per part of
+    ``iteration_parts``, with its episodes' seeds."""
+    first_seed = train_seed(spec) + iteration * spec.rl.episodes_per_iteration
+    return [_session(spec, session_id, first_seed + first, count, version, False, producer)
+            for session_id, first, count in iteration_parts(spec, iteration)]
 
 
 def async_sessions(spec: JobSpec, producer: str) -> list[ev.EnvSessionRequested]:
