@@ -96,6 +96,9 @@ class GroupBatcher:
         self.clock = clock
         self.on_group = on_group
         self.records: deque[GroupRecord] = deque(maxlen=100_000)  # a service runs for days
+        # totals over every group ever, kept as they come: heartbeats report them, and summing the
+        # records instead cost a walk over up to 100k of them every 2 s
+        self.groups = self.rows = self.group_tenants = 0
         self._buckets: dict[BucketKey, deque[_Pending]] = {}
         self._answered: dict[BucketKey, dict[str, float]] = {}  # source -> when last answered
         self._wake = asyncio.Event()
@@ -230,6 +233,9 @@ class GroupBatcher:
         record = GroupRecord(key, len(group), tuple(p.prepared.tenant for p in group), reason,
                              wait_s, self._busy_s, retried)
         self.records.append(record)
+        self.groups += 1
+        self.rows += record.size
+        self.group_tenants += len(set(record.tenants))
         if self.on_group:
             self.on_group(record)
 

@@ -150,13 +150,14 @@ class InferenceRole:
             log.info("policy hot-swapped", tenant=event.tenant_id, version=event.version, job=event.job_id)
 
     def workload(self) -> Workload:
-        groups, gate = self.batcher.records, self.service.gate
-        n = max(len(groups), 1)
+        batcher, gate = self.batcher, self.service.gate
+        n = max(batcher.groups, 1)
         return Workload(
             (self.consumer,), done=self.answered, waiting=len(self._tasks),
-            details={"policies_loaded": len(self._policies), "groups": len(groups), "repeats": self.repeats,
-                     "mean_group_size": round(sum(g.size for g in groups) / n, 3),
-                     "mean_group_tenants": round(sum(len(set(g.tenants)) for g in groups) / n, 3),
+            details={"policies_loaded": len(self._policies), "groups": batcher.groups,
+                     "repeats": self.repeats,
+                     "mean_group_size": round(batcher.rows / n, 3),
+                     "mean_group_tenants": round(batcher.group_tenants / n, 3),
                      # the device gate of this process: inference and training share it
                      "busy_inference_s": round(gate.busy_s["inference"], 3),
                      "busy_train_s": round(gate.busy_s["train"], 3),

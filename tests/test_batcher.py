@@ -75,6 +75,9 @@ async def test_never_loses_or_reorders(backbones: dict[str, Backbone]) -> None:
     assert max(r.size for r in batcher.records) <= 6
     assert all(len(set(r.tenants)) == r.size for r in batcher.records)  # one request per tenant here
     assert batcher.pending() == 0
+    # the running totals heartbeats report are the records' sums
+    assert (batcher.groups, batcher.rows) == (len(batcher.records), len(reqs))
+    assert batcher.group_tenants == sum(len(set(r.tenants)) for r in batcher.records)
 
 
 async def test_a_bad_request_fails_alone(backbones: dict[str, Backbone]) -> None:
