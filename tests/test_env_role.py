@@ -176,6 +176,8 @@ async def test_the_next_session_of_a_tenant_reuses_the_finished_sessions_simulat
 
             await wait_for(done, timeout_s=120, what=f"session {j}")
             await wait_for(lambda: worker.simulators.idle == 1, timeout_s=10, what="the simulator kept")
+        # finished sessions are forgotten: the worker's pass after every poll walks live ones only
+        await wait_for(lambda: not worker._specs, timeout_s=10, what="the finished sessions forgotten")
     assert (worker.simulators.made, worker.simulators.reused) == (1, 1)
 
 

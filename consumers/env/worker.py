@@ -52,6 +52,7 @@ from schemas.sessions import rollout_key
 
 __all__ = ["EnvWorker", "progress_key"]
 
+FINISHED = (ev.SessionStatus.CLOSED, ev.SessionStatus.FAILED)
 log = get_logger("consumers.env.worker")
 REVOKE_WAIT_S = 5.0  # how long a revoked session gets to end before the rebalance goes on
 GROUP = "env"
@@ -218,17 +219,23 @@ class EnvWorker:
             self._waiting.pop(key, None)
 
     async def _caught_up(self) -> None:
-        """Start runners for the active sessions of every sessions partition that is folded."""
-        for sid, spec in self._specs.items():
+        """Start runners for the active sessions of every sessions partition that is folded. A
+        finished session is forgotten here: this runs after every poll, and walking every session
+        the worker ever saw made each pass cost more the longer the service ran."""
+        for sid, spec in list(self._specs.items()):
             tp = self._home[sid]
-            if sid in self._runners or sid in self._closed or tp in self._folding:
+            if sid in self._runners:
+                continue
+            progress = self._progress.get(sid)
+            if sid in self._closed or (progress is not None and progress.status in FINISHED):
+                self._specs.pop(sid)  # a re-read of its partition finds it finished again
+                self._home.pop(sid)
+                continue
+            if tp in self._folding:
                 continue
             actions = TopicPartition(sibling_topic(tp.topic, "actions"), tp.partition)
             if tp not in self.consumer.assignment() or actions not in self._actions_ready:
                 continue  # a session runs only where its actions are consumed, from "now" on
-            progress = self._progress.get(sid)
-            if progress and progress.status in (ev.SessionStatus.CLOSED, ev.SessionStatus.FAILED):
-                continue
             runner = SessionRunner(spec, progress, self._ports(tp), self.worker_id,
                                    self.step_timeout_s, self.max_restarts)
             self._runners[sid] = asyncio.create_task(runner.run(), name=f"session-{sid}")
