@@ -280,6 +280,10 @@ async def test_parallel_env_sessions_change_nothing_in_the_result(stack: Stack, 
     assert len({r.session_id for r in rollouts}) == 8, "every session played its episodes"
 
     assert iteration_returns(one_state) == iteration_returns(four_state)
+    # both trained through an optimizer worker; with nothing left to train, neither keeps one
+    host = stack.supervisor.roles["optimizer"]
+    await wait_for(lambda: not {one_t, four_t} & (host.workers.keys() | host.live.keys()), timeout_s=30,
+                   what="the finished tenants' optimizer workers stopped")
     versions = stack.store.versions(one_t)
     assert versions == stack.store.versions(four_t) == [1, 2, 3]
     for version in versions:
