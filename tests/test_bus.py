@@ -213,6 +213,13 @@ async def test_logs_are_json_bound_to_the_record(settings: Settings, unique: str
         assert (entry["topic"], entry["partition"], entry["offset"]) == (topic, 0, 0)
 
 
+async def poll_until_read(reader: RolloutReader, records: int, what: str) -> None:
+    async def read_all() -> bool:
+        await reader.poll()
+        return reader.read == records
+    await wait_for(read_all, what=what)
+
+
 async def test_rollout_reader_commits_only_offsets_that_moved(settings: Settings, unique: str) -> None:
     """The rollout role and the evaluator commit after every poll; a commit is an append to the
     broker's offsets log, so an offset that did not move is not committed again. A held episode
@@ -242,10 +249,7 @@ async def test_rollout_reader_commits_only_offsets_that_moved(settings: Settings
     reader.consumer.commit = counted
     await reader.consumer.start()
     try:
-        async def read_all() -> bool:
-            await reader.poll()
-            return reader.read == 3
-        await wait_for(read_all, what="the episode's three records")
+        await poll_until_read(reader, 3, "the episode's three records")
         await reader.commit()
         await reader.commit()  # nothing moved
         assert commits == [{tp: 0}]  # the held episode keeps its first record uncommitted
@@ -285,10 +289,7 @@ async def test_rollout_reader_skips_unwanted_keys_undecoded(settings: Settings, 
     reader.codec.decode = lambda value: decoded.append(value) or real_decode(value)  # a spy
     await reader.consumer.start()
     try:
-        async def read_all() -> bool:
-            await reader.poll()
-            return reader.read == 3
-        await wait_for(read_all, what="the three records")
+        await poll_until_read(reader, 3, "the three records")
         assert len(decoded) == 1
         assert reader.collector.sessions() == [evaluation]
         assert [e.success for e in reader.collector.done_episodes(evaluation)] == [True]

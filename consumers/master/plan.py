@@ -189,8 +189,8 @@ def iteration_parts(spec: JobSpec, iteration: int) -> list[tuple[str, int, int]]
     part j plays the contiguous run of episodes ``part_slices`` gives it. The rollout role asks
     this after every poll, so it builds no events."""
     slices = part_slices(spec.rl.episodes_per_iteration, spec.rl.envs)
-    part = (lambda j: None) if len(slices) == 1 else (lambda j: j)
-    return [(rl_session_id(spec.tenant, spec.job_id, iteration, part(j)), first, count)
+    alone = len(slices) == 1
+    return [(rl_session_id(spec.tenant, spec.job_id, iteration, None if alone else j), first, count)
             for j, (first, count) in enumerate(slices)]
 
 
