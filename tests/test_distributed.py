@@ -178,26 +178,3 @@ async def test_processes_heal_themselves_and_change_no_bit(settings: Settings, u
           + ", ".join(f"{k} {v:.1f}" for k, v in recovery.items())
           + "; kill -> progress again (s): " + ", ".join(f"{k} {v:.1f}" for k, v in resumed.items())
           + f"; total {time.monotonic() - began:.0f} s")
-
-
-def test_startup_heap_is_frozen_out_of_the_collectors_reach() -> None:
-    """Role processes freeze what start-up built (``run_instance``); a later cycle is still collected."""
-    import gc
-    import weakref
-
-    from infra.runtime.host import freeze_startup_heap
-
-    class Node:
-        pass
-
-    try:
-        freeze_startup_heap()
-        assert gc.get_freeze_count() > 0
-        cycle = Node()
-        cycle.me = cycle
-        alive = weakref.ref(cycle)
-        del cycle
-        gc.collect()
-        assert alive() is None
-    finally:
-        gc.unfreeze()

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import ctypes
 import functools
-import gc
 import os
 import signal
 import time
@@ -33,6 +32,7 @@ import structlog
 from consumers.bus.protocols import Role
 from infra.errors import JoynexusError
 from infra.logging import get_logger
+from infra.runtime import gc_policy
 from infra.settings import Settings
 from producers.heartbeat import HealthSample, Heartbeater
 from producers.producer import EventProducer
@@ -89,8 +89,9 @@ class _Sampler:
     """Turns a role's ``workload()`` into a heartbeat sample: partitions and lag from its
     consumers, and the time its ``done`` count last moved (its progress)."""
 
-    def __init__(self, role: Role):
+    def __init__(self, role: Role, gc_clock: gc_policy.GcClock | None = None):
         self.role = role
+        self.gc_clock = gc_clock
         self.done: int | None = None
         self.progress_at: datetime | None = None
 
@@ -115,8 +116,11 @@ class _Sampler:
                     # position can rest just before it: one offset past the position is not work
                     # (measured: an idle backbone-train showed lag 1 per partition and was judged HUNG).
                     lag, known = lag + max(0, end - position - 1), True
+        details = dict(work.details)
+        if self.gc_clock is not None:
+            details["gc_s"] = round(self.gc_clock.seconds, 3)
         return HealthSample(tuple(sorted(partitions)), lag if known or not partitions else -1,
-                            work.waiting, self.progress_at, dict(work.details))
+                            work.waiting, self.progress_at, details)
 
 
 class RoleHost:
@@ -125,7 +129,8 @@ class RoleHost:
 
     def __init__(self, settings: Settings, names: tuple[str, ...] = SERVICE_ROLES, *, service: Any = None,
                  instance: str = "0", restarts: int = 0, roles: Mapping[str, Role] | None = None,
-                 env_options: Mapping[str, Any] | None = None):
+                 env_options: Mapping[str, Any] | None = None, gc_clock: gc_policy.GcClock | None = None):
+        """``gc_clock``: this process's collector time, put in every heartbeat's details (``gc_s``)."""
         unknown = [n for n in names if n not in ROLES]
         if unknown:
             raise JoynexusError(f"unknown role(s) {unknown}; roles: {', '.join(ROLES)}")
@@ -135,6 +140,7 @@ class RoleHost:
         self.instance = instance
         self.process_restarts = restarts
         self.env_options = dict(env_options or {})
+        self.gc_clock = gc_clock
         self.roles: dict[str, Role] = dict(roles or {})
         self.restarts: dict[str, int] = {n: 0 for n in self.names}
         self.producer = EventProducer(settings, client_id=f"health-{instance}")
@@ -179,7 +185,7 @@ class RoleHost:
             await beat
 
     async def _beat(self, name: str) -> None:
-        sample = _Sampler(self.roles[name])
+        sample = _Sampler(self.roles[name], self.gc_clock)
 
         async def current() -> HealthSample:
             sample.role = self.roles[name]  # a rebuilt role keeps the same heartbeat stream
@@ -240,15 +246,6 @@ def die_with_parent(parent_pid: int) -> None:
         raise SystemExit(f"the supervisor (pid {parent_pid}) is gone")
 
 
-def freeze_startup_heap() -> None:
-    """Move every object alive now (imported modules, the backbone, the role's clients) out of the
-    garbage collector's reach: they live as long as the process, and each full collection walked
-    them all again (GC was 6-17% of the device host's, rollout's and evaluator's busy samples in a
-    profiled benchmark run). Cycles made later are still collected."""
-    gc.collect()
-    gc.freeze()
-
-
 async def run_instance(settings: Settings, kind: str, instance: str, restarts: int = 0,
                        env_options: Mapping[str, Any] | None = None, parent_pid: int | None = None) -> None:
     """Run one process kind until SIGINT/SIGTERM (or its supervisor's death, given ``parent_pid``)."""
@@ -269,10 +266,10 @@ async def run_instance(settings: Settings, kind: str, instance: str, restarts: i
 
         service = await Service.open(settings, load=bool(set(names) & _NEEDS_BACKBONE))
     host = RoleHost(settings, names, service=service, instance=instance, restarts=restarts,
-                    env_options=env_options)
+                    env_options=env_options, gc_clock=gc_policy.GcClock().start())
     try:
         await host.start()
-        freeze_startup_heap()
+        gc_policy.tune()
         log.info("instance running", kind=kind, instance=instance, restarts=restarts)
         await stop.wait()
     finally:
