@@ -44,3 +44,22 @@ def test_gc_clock_adds_up_the_collections_it_saw_and_stops_seeing_them() -> None
     gc.collect()
     assert clock.collections == seen
     assert clock not in gc.callbacks
+
+
+async def test_a_role_processes_heartbeat_carries_its_collector_seconds() -> None:
+    from consumers.bus.protocols import Workload
+    from infra.runtime.host import _Sampler
+
+    class Idle:
+        def workload(self) -> Workload:
+            return Workload(details={"sessions": 2})
+
+    clock = gc_policy.GcClock().start()
+    try:
+        gc.collect()
+        sample = await _Sampler(Idle(), clock)()
+    finally:
+        clock.stop()
+    assert sample.details["sessions"] == 2
+    assert clock.seconds > 0.0 and sample.details["gc_s"] == round(clock.seconds, 3)
+    assert "gc_s" not in (await _Sampler(Idle())()).details  # in-process hosts: no clock, no figure
