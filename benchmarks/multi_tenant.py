@@ -292,7 +292,7 @@ class OptimizerSeconds:
     ids are unique per version: a replayed publish is counted once."""
 
     def __init__(self, settings: Settings) -> None:
-        from infra.follow import TopicFollower
+        from infra.follow import TopicFollower, from_beginning
         from infra.topics import shared_topic
 
         self.topic = shared_topic(settings, "usage")
@@ -300,11 +300,7 @@ class OptimizerSeconds:
         self.steps: dict[str, int] = {}
         self.seen: set[str] = set()
         self.follower = TopicFollower(settings, self.topic, self._fold, name="bench-usage",
-                                      seek=self._from_start)
-
-    @staticmethod
-    async def _from_start(consumer, partitions) -> None:
-        await consumer.seek_to_beginning(*partitions)
+                                      seek=from_beginning)
 
     def _fold(self, event, record) -> None:
         from schemas.events import UsageRecorded

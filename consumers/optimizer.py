@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import time
 from collections import defaultdict
 from datetime import UTC, datetime
@@ -42,7 +41,7 @@ from consumers.bus.protocols import Workload
 from consumers.convert import targets_of, to_feature
 from consumers.service import Service
 from infra.errors import JoynexusError, TenantMismatch
-from infra.follow import TopicFollower
+from infra.follow import TopicFollower, from_beginning
 from infra.logging import get_logger
 from infra.topics import check_tenant, shared_topic, tenant_topic
 from producers.producer import EventProducer
@@ -344,12 +343,9 @@ class OptimizerHost:
     def __init__(self, service: Service):
         self.service = service
         self.tenants: set[str] = set()
-        self.follower = TopicFollower(
-            service.settings,
-            rf"^{re.escape(shared_topic(service.settings, 'tenants'))}$",
-            self._on_tenant,
-            name="optimizer-tenants",
-        )
+        # one topic, assigned: a pattern would fetch every topic's metadata every refresh
+        self.follower = TopicFollower(service.settings, shared_topic(service.settings, "tenants"),
+                                      self._on_tenant, name="optimizer-tenants", seek=from_beginning)
         self.workers: dict[str, asyncio.Task] = {}
         self.live: dict[str, TenantOptimizer] = {}
 

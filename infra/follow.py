@@ -27,12 +27,17 @@ from infra.topics import check_tenant
 from schemas.codec import Codec
 from schemas.events import Event
 
-__all__ = ["TopicFollower"]
+__all__ = ["TopicFollower", "from_beginning"]
 
 log = get_logger("infra.follow")
 
 Apply = Callable[[Event, ConsumerRecord], None]
 Seek = Callable[[AIOKafkaConsumer, list[TopicPartition]], Awaitable[None]]
+
+
+async def from_beginning(consumer: AIOKafkaConsumer, partitions: list[TopicPartition]) -> None:
+    """A ``seek`` for a follower of one whole topic."""
+    await consumer.seek_to_beginning(*partitions)
 
 
 class TopicFollower:
@@ -49,7 +54,8 @@ class TopicFollower:
         self.consumer = AIOKafkaConsumer(
             **client_options(settings), client_id=f"{settings.client_id}-{name}",
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", metadata_max_age_ms=2000)
+            isolation_level="read_committed", metadata_max_age_ms=2000,
+            fetch_max_wait_ms=settings.fetch_max_wait_ms)
         self.applied = 0
         self._task: asyncio.Task | None = None
         self._progress = asyncio.Condition()
