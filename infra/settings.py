@@ -61,6 +61,12 @@ class Settings(BaseSettings):
     session_timeout_ms: int = 8_000
     heartbeat_interval_ms: int = 1_500
     max_poll_records: int = 200
+    # How long the broker holds a fetch that finds nothing new (a record arriving answers it at
+    # once). Every fetch names every assigned partition, three per tenant and stream, and aiokafka
+    # decodes the answers in Python: at the clients' 500 ms, an idle service with 28 tenants'
+    # topics spent a quarter of a core on empty fetches and metadata (benchmarks/idle_cost.py).
+    # Costs latency only where a partition is re-positioned (a seek) while a fetch is pending.
+    fetch_max_wait_ms: int = Field(5_000, ge=0)
 
     # --- security (infra/connection.py builds every client's options from these)
     # PLAINTEXT: no authentication (the default local broker). SASL_PLAINTEXT: SCRAM over TCP, as

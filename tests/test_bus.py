@@ -300,3 +300,38 @@ async def test_rollout_reader_skips_unwanted_keys_undecoded(settings: Settings, 
         assert await reader.consumer.committed(tp) == 3
     finally:
         await reader.consumer.stop()
+
+
+async def test_a_long_fetch_wait_answers_as_soon_as_a_record_arrives(settings: Settings, unique: str) -> None:
+    """``fetch_max_wait_ms`` (5 s) bounds only a fetch that finds nothing: a record published to
+    a consumer's idle partitions, plainly or in a committed transaction (what rollouts and
+    gradient jobs are), reaches it long before that, every time."""
+    import asyncio
+    import time
+
+    assert settings.fetch_max_wait_ms >= 5_000
+    topic = f"test.longpoll.{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 3)
+    consumer = make_consumer(settings, f"longpoll-{unique}", topics=[topic])
+    await consumer.start()
+    try:
+        async with EventProducer(settings) as plain, EventProducer(
+                settings, transactional_id=f"longpoll-{unique}") as txn:
+            await consumer.getmany(timeout_ms=3000)  # joined, positioned, a fetch now waits
+            waits = []
+            for i in range(6):
+                await asyncio.sleep(1.0)  # the pending fetch has found nothing for a while
+                began = time.monotonic()
+                if i % 2:
+                    async with txn.transaction():
+                        await txn.enqueue(topic, heartbeat(i), key=str(i))
+                else:
+                    await plain.send(topic, heartbeat(i), key=str(i))
+                got: list = []
+                while not got:
+                    got = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+                waits.append(time.monotonic() - began)
+    finally:
+        await consumer.stop()
+    assert max(waits) < settings.fetch_max_wait_ms / 1000 / 2, waits

@@ -68,6 +68,7 @@ def make_consumer(
         auto_offset_reset="earliest",
         isolation_level=isolation_level,
         max_poll_records=settings.max_poll_records,
+        fetch_max_wait_ms=settings.fetch_max_wait_ms,
         max_poll_interval_ms=settings.max_poll_interval_ms,
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
