@@ -62,11 +62,13 @@ class Settings(BaseSettings):
     heartbeat_interval_ms: int = 1_500
     max_poll_records: int = 200
     # How long the broker holds a fetch that finds nothing new (a record arriving answers it at
-    # once). Every fetch names every assigned partition, three per tenant and stream, and aiokafka
-    # decodes the answers in Python: at the clients' 500 ms, an idle service with 28 tenants'
-    # topics spent a quarter of a core on empty fetches and metadata (benchmarks/idle_cost.py).
-    # Costs latency only where a partition is re-positioned (a seek) while a fetch is pending.
-    fetch_max_wait_ms: int = Field(5_000, ge=0)
+    # once). Longer waits mean fewer empty fetches, each naming every assigned partition: with
+    # 28 tenants' topics an idle service took 40.3% of one core at 500 ms, 22.4% at 5 s
+    # (benchmarks/idle_cost.py). But the broker answers a connection's requests in order, so
+    # a held fetch also holds the end-offset and metadata requests behind it (a follower's
+    # caught_up, an env worker positioning new partitions): at 5 s a PPO test took 199 s
+    # instead of 151 s. Hence aiokafka's default.
+    fetch_max_wait_ms: int = Field(500, ge=0)
 
     # --- security (infra/connection.py builds every client's options from these)
     # PLAINTEXT: no authentication (the default local broker). SASL_PLAINTEXT: SCRAM over TCP, as

@@ -303,13 +303,13 @@ async def test_rollout_reader_skips_unwanted_keys_undecoded(settings: Settings, 
 
 
 async def test_a_long_fetch_wait_answers_as_soon_as_a_record_arrives(settings: Settings, unique: str) -> None:
-    """``fetch_max_wait_ms`` (5 s) bounds only a fetch that finds nothing: a record published to
-    a consumer's idle partitions, plainly or in a committed transaction (what rollouts and
+    """``fetch_max_wait_ms`` bounds only a fetch that finds nothing: a record published to a
+    consumer's idle partitions, plainly or in a committed transaction (what rollouts and
     gradient jobs are), reaches it long before that, every time."""
     import asyncio
     import time
 
-    assert settings.fetch_max_wait_ms >= 5_000
+    settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
     topic = f"test.longpoll.{unique}"
     async with TopicAdmin(settings) as admin:
         await admin.ensure_topic(topic, 3)
@@ -334,4 +334,4 @@ async def test_a_long_fetch_wait_answers_as_soon_as_a_record_arrives(settings: S
                 waits.append(time.monotonic() - began)
     finally:
         await consumer.stop()
-    assert max(waits) < settings.fetch_max_wait_ms / 1000 / 2, waits
+    assert max(waits) < 2.5, waits
