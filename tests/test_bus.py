@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
 import pytest
 from aiokafka.structs import TopicPartition
@@ -121,8 +124,6 @@ async def test_pattern_subscription_sees_every_tenant(settings: Settings, unique
 async def test_slow_sync_handler_does_not_starve_heartbeats(settings: Settings, unique: str) -> None:
     """A plain-function handler busy for longer than the session timeout runs in a
     thread, so the member keeps heartbeating: no rebalance, and its commit succeeds."""
-    import time
-
     topic, group = f"test.slow.{unique}", f"slow-{unique}"
     tight = settings.model_copy(update={"session_timeout_ms": 6000, "heartbeat_interval_ms": 1000})
     async with TopicAdmin(settings) as admin:
@@ -306,9 +307,6 @@ async def test_a_long_fetch_wait_answers_as_soon_as_a_record_arrives(settings: S
     """``fetch_max_wait_ms`` bounds only a fetch that finds nothing: a record published to a
     consumer's idle partitions, plainly or in a committed transaction (what rollouts and
     gradient jobs are), reaches it long before that, every time."""
-    import asyncio
-    import time
-
     settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
     topic = f"test.longpoll.{unique}"
     async with TopicAdmin(settings) as admin:
