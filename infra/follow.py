@@ -22,6 +22,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from infra.connection import client_options
 from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
+from infra.longpoll import fetch_apart
 from infra.settings import Settings
 from infra.topics import check_tenant
 from schemas.codec import Codec
@@ -51,11 +52,11 @@ class TopicFollower:
         self.apply = apply
         self.name = name
         self.codec = codec or Codec()
-        self.consumer = AIOKafkaConsumer(
+        self.consumer = fetch_apart(AIOKafkaConsumer(
             **client_options(settings), client_id=f"{settings.client_id}-{name}",
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed", metadata_max_age_ms=2000,
-            fetch_max_wait_ms=settings.fetch_max_wait_ms)
+            fetch_max_wait_ms=settings.fetch_max_wait_ms))
         self.applied = 0
         self._task: asyncio.Task | None = None
         self._progress = asyncio.Condition()

@@ -64,11 +64,9 @@ class Settings(BaseSettings):
     # How long the broker holds a fetch that finds nothing new (a record arriving answers it at
     # once). Longer waits mean fewer empty fetches, each naming every assigned partition: with
     # 28 tenants' topics an idle service took 40.3% of one core at 500 ms, 22.4% at 5 s
-    # (benchmarks/idle_cost.py). But the broker answers a connection's requests in order, so
-    # a held fetch also holds the end-offset and metadata requests behind it (a follower's
-    # caught_up, an env worker positioning new partitions): at 5 s a PPO test took 199 s
-    # instead of 151 s. Hence aiokafka's default.
-    fetch_max_wait_ms: int = Field(500, ge=0)
+    # (benchmarks/idle_cost.py). Fetches go on a connection of their own (infra/longpoll.py),
+    # so end-offset and metadata requests do not queue behind a held one.
+    fetch_max_wait_ms: int = Field(5_000, ge=0)
 
     # --- security (infra/connection.py builds every client's options from these)
     # PLAINTEXT: no authentication (the default local broker). SASL_PLAINTEXT: SCRAM over TCP, as

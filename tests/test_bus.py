@@ -333,3 +333,76 @@ async def test_a_long_fetch_wait_answers_as_soon_as_a_record_arrives(settings: S
     finally:
         await consumer.stop()
     assert max(waits) < 2.5, waits
+
+
+async def test_a_busy_consumer_gets_its_partitions_next_records_at_once(settings: Settings,
+                                                                          unique: str) -> None:
+    """A consumer that is busy while records it has not read yet sit in its buffer (a role in
+    the middle of a forward, a poll capped by ``max_records``) must not have the broker's other
+    partitions fetched without that one, held 5 s: the partition's next record would wait for
+    that fetch (``infra/longpoll.py``)."""
+    settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
+    topic = f"test.longpoll.busy.{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 3)
+    consumer = make_consumer(settings, f"longpoll-busy-{unique}", topics=[topic])
+    await consumer.start()
+    tp = TopicPartition(topic, 0)
+    try:
+        await consumer.getmany(timeout_ms=3000)  # joined, positioned, a fetch now waits
+        waits = []
+        async with EventProducer(settings) as producer:
+            for i in range(3):
+                for j in range(2):
+                    await producer.send(topic, heartbeat(2 * i + j), partition=0)
+                got = await consumer.getmany(timeout_ms=3000, max_records=1)
+                assert [len(rs) for rs in got.values()] == [1], got
+                await asyncio.sleep(0.5)  # busy: one record of partition 0 still unread
+                waits.append(await next_record(consumer, tp))
+                await producer.send(topic, heartbeat(100 + i), partition=0)
+                waits.append(await next_record(consumer, tp))
+    finally:
+        await consumer.stop()
+    assert max(waits) < 2.5, waits
+
+
+async def next_record(consumer, tp: TopicPartition) -> float:
+    """Seconds until the consumer hands over one record of ``tp``."""
+    began = time.monotonic()
+    got: dict = {}
+    while not got:
+        got = await consumer.getmany(tp, timeout_ms=100, max_records=1)
+    return time.monotonic() - began
+
+
+async def test_requests_beside_a_held_fetch_do_not_wait_for_it(settings: Settings, unique: str) -> None:
+    """With fetches held 5 s at the broker, a consumer's end-offsets and metadata requests (a
+    follower's ``caught_up``, an env worker positioning partitions) still answer at once: the
+    fetches go on a connection of their own (``infra/longpoll.py``). Sent on the fetch's
+    connection, each would wait for the held fetch, up to 5 s."""
+    settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
+    topic = f"test.longpoll.side.{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 3)
+    consumer = make_consumer(settings, f"longpoll-side-{unique}", topics=[topic])
+    await consumer.start()
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    try:
+        await consumer.getmany(timeout_ms=3000)  # joined, positioned, a fetch now waits
+        waits = []
+        for _ in range(4):
+            await asyncio.sleep(0.7)
+            began = time.monotonic()
+            assert await consumer.end_offsets(tps) == {tp: 0 for tp in tps}
+            await consumer._client.force_metadata_update()
+            waits.append(time.monotonic() - began)
+        async with EventProducer(settings) as producer:  # and the held fetch still delivers
+            await producer.send(topic, heartbeat(1), key="1")
+            got: list = []
+            began = time.monotonic()
+            while not got:
+                got = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
+            waits.append(time.monotonic() - began)
+    finally:
+        await consumer.stop()
+    assert max(waits) < 2.5, waits

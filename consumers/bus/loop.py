@@ -32,6 +32,7 @@ from consumers.bus.protocols import Handler, RecordContext
 from infra.connection import client_options
 from infra.errors import ProcessingError, SchemaError, TenantMismatch
 from infra.logging import get_logger
+from infra.longpoll import fetch_apart
 from infra.settings import Settings
 from infra.topics import check_tenant, parse_topic
 from producers.producer import EventProducer
@@ -76,6 +77,7 @@ def make_consumer(
         metadata_max_age_ms=5000 if pattern else 300_000,  # pattern: see new tenants soon
         **extra,
     )
+    fetch_apart(consumer)
     if pattern:
         consumer.subscribe(pattern=pattern, listener=listener)
     elif topics:
