@@ -6,7 +6,12 @@ bucket of their key (see ``backbone.inputs``). A bucket is flushed when it
 holds ``target_batch`` requests (B), when its oldest request has waited
 ``max_wait_ms`` (T), or when it is complete: every source (an env session, given
 as ``submit(request, source=...)``) answered in the last ``active_window_s``
-has a request queued again, so nobody else is coming soon. One flush takes at
+has a request queued again, so nobody else is coming soon (a source said to be
+finished, ``forget(source)``, is not waited for even within that window), or when
+every source still expected is due only after the oldest request's T ("late": a
+source is due its last round trip, answer to next request, after its last answer;
+waiting T for it would only idle the device, and two groups of sessions answered
+at different times would keep each other waiting T on every step). One flush takes at
 most ``max_batch`` requests, oldest first, and runs ONE forward. The
 completeness rule lets T be long enough for sessions answered together to come
 back together (bigger groups) without making a lone session wait T per step.
@@ -67,8 +72,8 @@ class GroupRecord:
     key: BucketKey
     size: int
     tenants: tuple[str, ...]  # one entry per request, in group order
-    reason: str  # "full" (reached B), "complete" (every active source asked), "timeout" (waited T)
-    # or "drain" (stopping)
+    reason: str  # "full" (reached B), "complete" (every active source asked), "late" (the others
+    # are due after T), "timeout" (waited T) or "drain" (stopping)
     wait_s: float  # how long the oldest request waited
     busy_s: float  # backbone forward time (inside the device gate; retries alone included)
     retried_alone: bool = False
@@ -101,6 +106,7 @@ class GroupBatcher:
         self.groups = self.rows = self.group_tenants = 0
         self._buckets: dict[BucketKey, deque[_Pending]] = {}
         self._answered: dict[BucketKey, dict[str, float]] = {}  # source -> when last answered
+        self._round_trip: dict[str, float] = {}  # source -> its last answer-to-next-request seconds
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -132,8 +138,12 @@ class GroupBatcher:
             raise RuntimeError("GroupBatcher is not running")
         prepared, key = await asyncio.to_thread(self._prepare, request)  # InvalidRequest: alone
         future = asyncio.get_running_loop().create_future()
+        now = self.clock()
+        answered_at = self._answered.get(prepared.key, {}).get(source) if source else None
+        if answered_at is not None:
+            self._round_trip[source] = now - answered_at
         self._buckets.setdefault(prepared.key, deque()).append(
-            _Pending(prepared, future, self.clock(), key, source))
+            _Pending(prepared, future, now, key, source))
         self._wake.set()
         return await future
 
@@ -144,6 +154,14 @@ class GroupBatcher:
     def wake(self) -> None:
         """Re-check deadlines now (for a test clock that was moved forward)."""
         self._wake.set()
+
+    def forget(self, source: str) -> None:
+        """``source`` asks no more (its session ended): groups stop waiting for it now rather than
+        after ``active_window_s`` of flushes on T."""
+        self._round_trip.pop(source, None)
+        for answered in self._answered.values():
+            if answered.pop(source, None) is not None:
+                self._wake.set()
 
     def pending(self) -> int:
         return sum(len(q) for q in self._buckets.values())
@@ -161,25 +179,34 @@ class GroupBatcher:
                 candidates.append((queue[0].enqueued, key, "drain"))
             elif now - queue[0].enqueued >= wait_s:
                 candidates.append((queue[0].enqueued, key, "timeout"))
-            elif self._complete(key, queue, now):
-                candidates.append((queue[0].enqueued, key, "complete"))
+            elif complete := self._complete(key, queue, now):
+                candidates.append((queue[0].enqueued, key, complete))
         if not candidates:
             return None
         _, key, reason = min(candidates, key=lambda c: c[0])  # oldest request first
         return key, reason
 
-    def _complete(self, key: BucketKey, queue: deque[_Pending], now: float) -> bool:
-        """True when every source answered in the last window has asked again (none is expected)."""
+    def _complete(self, key: BucketKey, queue: deque[_Pending], now: float) -> str | None:
+        """"complete" when every source answered in the last window has asked again (none is
+        expected); "late" when each one still expected is due after the oldest request's T."""
         answered = self._answered.get(key, {})
         self._forget_quiet(answered, now)
         if any(p.source is None for p in queue):
-            return False  # an anonymous request waits for B or T, as before sources existed
-        return answered.keys() <= {p.source for p in queue}
+            return None  # an anonymous request waits for B or T, as before sources existed
+        missing = answered.keys() - {p.source for p in queue}
+        if not missing:
+            return "complete"
+        deadline = queue[0].enqueued + self.config.max_wait_ms / 1000
+        trips = self._round_trip
+        if all(s in trips and answered[s] + trips[s] > deadline for s in missing):
+            return "late"
+        return None
 
     def _forget_quiet(self, answered: dict[str, float], now: float) -> None:
         """Sources gone quiet (a closed session) no longer hold groups back."""
         for source in [s for s, at in answered.items() if now - at > self.config.active_window_s]:
             del answered[source]
+            self._round_trip.pop(source, None)
 
     def _next_deadline_s(self) -> float | None:
         oldest = [q[0].enqueued for q in self._buckets.values() if q]

@@ -141,6 +141,8 @@ class InferenceRole:
     def _on_session(self, event: ev.Event, record: ConsumerRecord) -> None:
         if isinstance(event, ev.EnvSessionRequested):
             self.sessions[event.session_id] = event
+        elif _finished(event, self.sessions):  # its peers' groups stop waiting for it
+            self.batcher.forget(_source(event.tenant_id, event.session_id))
 
     def _on_version(self, event: ev.Event, record: ConsumerRecord) -> None:
         if not isinstance(event, ev.PolicyVersionPublished) or not event.tenant_id:
@@ -365,7 +367,7 @@ class InferenceRole:
             raise SchemaError(f"tenant {tenant} has no published policy version yet")
         slot = await self._policy(tenant, version)
         feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio),
-                                            source=f"{tenant}/{obs.session_id}")
+                                            source=_source(tenant, obs.session_id))
         generator = action_generator(session.action_seed, _episode_seed(session, obs.episode_id), obs.step)
         with torch.no_grad():
             out = slot.policy.act(feature.detach(), generator, session.deterministic)
@@ -409,3 +411,21 @@ class InferenceRole:
         slot.policy.eval()
         log.info("policy loaded", tenant=tenant, version=version)
         return slot
+
+
+def _source(tenant: str, session_id: str) -> str:
+    """The batcher's name for a session (its completeness rule waits for sources)."""
+    return f"{tenant}/{session_id}"
+
+
+def _finished(event: ev.Event, sessions: dict[str, ev.EnvSessionRequested]) -> bool:
+    """Whether ``event`` says its session asks nothing more: closed, failed, or its last episode
+    committed (the CLOSED progress follows that one; acting on the first saves the wait)."""
+    if isinstance(event, ev.EnvSessionClosed):
+        return True
+    if not isinstance(event, ev.EnvSessionProgress):
+        return False
+    if event.status in (ev.SessionStatus.CLOSED, ev.SessionStatus.FAILED):
+        return True
+    spec = sessions.get(event.session_id)
+    return bool(spec and spec.episodes and event.episodes_completed >= spec.episodes)

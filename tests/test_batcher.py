@@ -162,6 +162,55 @@ async def test_a_group_flushes_once_every_recently_answered_session_asked_again(
         (1, "complete"), (3, "complete"), (3, "complete"), (2, "complete")]
 
 
+async def test_a_finished_session_holds_nobody_back(backbones: dict[str, Backbone]) -> None:
+    clock = FakeClock()  # frozen: neither T nor the active window passes
+    config = BatcherConfig(target_batch=8, max_wait_ms=10_000, active_window_s=1.0)
+    batcher = GroupBatcher(backbones["tiny"], config, clock)
+    a, b = requests(2, words=4)
+    async with batcher:
+        await batcher.submit(a, source="s-a")  # nobody else was ever answered: complete alone
+        await asyncio.gather(batcher.submit(b, source="s-b"), batcher.submit(a, source="s-a"))
+        waiting = asyncio.create_task(batcher.submit(a, source="s-a"))
+        await _settle()
+        assert batcher.pending() == 1  # s-b was answered just now: it is expected back
+        batcher.forget("s-b")  # its session ended
+        await asyncio.wait_for(waiting, 10)  # without forget: never (T and the window are frozen)
+        batcher.forget("never-seen")  # harmless
+    assert [(r.size, r.reason) for r in batcher.records] == [(1, "complete"), (2, "complete"),
+                                                              (1, "complete")]
+
+
+async def test_a_group_does_not_wait_t_for_sessions_due_after_it(backbones: dict[str, Backbone]) -> None:
+    """A session is due its last round trip (answer to next request) after its last answer; when
+    every one still expected is due after the oldest request's T, waiting would only idle the
+    device (and two groups answered at different times would keep each other waiting T)."""
+    clock = FakeClock()  # moved by hand: T = 50 ms passes only where the test says
+    batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=50), clock)
+    a, b = requests(2, words=4)
+
+    async def ask(request: VLARequest, source: str) -> asyncio.Task:
+        task = asyncio.create_task(batcher.submit(request, source=source))
+        await _settle()
+        return task
+
+    async with batcher:
+        await batcher.submit(a, source="s-a")  # t = 0: alone, complete
+        clock.now += 0.03
+        await asyncio.gather(await ask(b, "s-b"), await ask(a, "s-a"))  # s-a came back in 30 ms
+        clock.now += 0.1
+        # s-b waits for s-a (due at 0.03 + 0.03, within T), then both took 100 ms to come back
+        await asyncio.gather(await ask(b, "s-b"), await ask(a, "s-a"))
+        clock.now += 0.01
+        await ask(b, "s-b")  # s-a is due at 0.13 + 0.1, after 0.14 + T: flushed now, "late"
+        assert batcher.pending() == 0
+        clock.now += 0.08
+        waiting = await ask(a, "s-a")  # s-b is due at 0.14 + 0.01, within T: it waits
+        assert batcher.pending() == 1
+        await asyncio.gather(waiting, await ask(b, "s-b"))
+    assert [(r.size, r.reason) for r in batcher.records] == [
+        (1, "complete"), (2, "complete"), (2, "complete"), (1, "late"), (2, "complete")]
+
+
 async def test_a_lone_session_never_waits_t(backbones: dict[str, Backbone]) -> None:
     clock = FakeClock()
     batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=10_000), clock)
