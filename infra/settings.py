@@ -125,7 +125,8 @@ class Settings(BaseSettings):
     inference_target_batch: int = Field(8, ge=1, description="Inference groups flush at B requests...")
     inference_max_wait_ms: float = Field(50.0, ge=0, description=(
         "...or when the oldest waited T ms (or sooner: once every recently answered session asked "
-        "again, or each one still expected is due only after T, by its last round trip). Quick demo: 5 ms gave 2.7 rows per forward, 50 ms with that rule 5.8 and a shorter run."))
+        "again, or each one still expected is due only after T, by its last round trip). Quick demo: "
+        "5 ms gave 2.7 rows per forward, 50 ms with that rule 5.8 and a shorter run."))
     train_max_batch_jobs: int = Field(16, ge=1, description="Gradient jobs grouped into one forward.")
     train_forward_budget_ms: float | None = Field(
         200.0, gt=0, description="Longest a training forward may hold the device (rows split into chunks "
