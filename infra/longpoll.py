@@ -18,7 +18,10 @@ latency elsewhere, and ``fetch_apart(consumer)`` (called before ``start``) takes
   (up to the wait): the next one, for all of them, leaves as soon as the application reads.
 
 Still bounded by the wait: a partition resumed after ``pause`` or moved by ``seek`` while a
-fetch is held (rewinds after a failed transaction) is fetched when that fetch returns.
+fetch is held (rewinds after a failed transaction) is fetched when that fetch returns, and
+aiokafka sends no offset reset (``seek_to_beginning``/``seek_to_end``, which wait for it) to a
+broker while a fetch is held there: a rebalance listener that awaits two such seeks can wait
+two whole waits without heartbeats (why ``fetch_max_wait_ms`` stays at 500 ms by default).
 
 Guarantees: what is fetched, and in which order, is aiokafka's; only when and on which
 connection differ. It relies on aiokafka 0.14 internals (``AIOKafkaClient.send(...,
