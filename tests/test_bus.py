@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from consumers.bus.episodes import RolloutReader
@@ -303,35 +306,50 @@ async def test_rollout_reader_skips_unwanted_keys_undecoded(settings: Settings, 
         await reader.consumer.stop()
 
 
+@contextlib.asynccontextmanager
+async def held_fetches(settings: Settings,
+                       name: str) -> AsyncIterator[tuple[Settings, AIOKafkaConsumer, str]]:
+    """A group consumer of a new 3-partition topic whose empty fetches the broker holds 5 s:
+    (its settings, the consumer, the topic), joined and positioned, a fetch now waiting."""
+    settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
+    topic = f"test.longpoll.{name}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 3)
+    consumer = make_consumer(settings, f"longpoll-{name}", topics=[topic])
+    await consumer.start()
+    try:
+        await consumer.getmany(timeout_ms=3000)
+        yield settings, consumer, topic
+    finally:
+        await consumer.stop()
+
+
+async def next_record(consumer: AIOKafkaConsumer, *partitions: TopicPartition) -> float:
+    """Seconds until the consumer hands over one record (of ``partitions``, if given)."""
+    began = time.monotonic()
+    got: dict = {}
+    while not got:
+        got = await consumer.getmany(*partitions, timeout_ms=100, max_records=1)
+    return time.monotonic() - began
+
+
 async def test_a_long_fetch_wait_answers_as_soon_as_a_record_arrives(settings: Settings, unique: str) -> None:
     """``fetch_max_wait_ms`` bounds only a fetch that finds nothing: a record published to a
     consumer's idle partitions, plainly or in a committed transaction (what rollouts and
     gradient jobs are), reaches it long before that, every time."""
-    settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
-    topic = f"test.longpoll.{unique}"
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_topic(topic, 3)
-    consumer = make_consumer(settings, f"longpoll-{unique}", topics=[topic])
-    await consumer.start()
-    try:
-        async with EventProducer(settings) as plain, EventProducer(
-                settings, transactional_id=f"longpoll-{unique}") as txn:
-            await consumer.getmany(timeout_ms=3000)  # joined, positioned, a fetch now waits
-            waits = []
-            for i in range(6):
-                await asyncio.sleep(1.0)  # the pending fetch has found nothing for a while
-                began = time.monotonic()
-                if i % 2:
-                    async with txn.transaction():
-                        await txn.enqueue(topic, heartbeat(i), key=str(i))
-                else:
-                    await plain.send(topic, heartbeat(i), key=str(i))
-                got: list = []
-                while not got:
-                    got = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
-                waits.append(time.monotonic() - began)
-    finally:
-        await consumer.stop()
+    async with held_fetches(settings, unique) as (settings, consumer, topic), EventProducer(
+            settings) as plain, EventProducer(settings, transactional_id=f"longpoll-{unique}") as txn:
+        waits = []
+        for i in range(6):
+            await asyncio.sleep(1.0)  # the pending fetch has found nothing for a while
+            began = time.monotonic()
+            if i % 2:
+                async with txn.transaction():
+                    await txn.enqueue(topic, heartbeat(i), key=str(i))
+            else:
+                await plain.send(topic, heartbeat(i), key=str(i))
+            await next_record(consumer)
+            waits.append(time.monotonic() - began)
     assert max(waits) < 2.5, waits
 
 
@@ -341,38 +359,20 @@ async def test_a_busy_consumer_gets_its_partitions_next_records_at_once(settings
     the middle of a forward, a poll capped by ``max_records``) must not have the broker's other
     partitions fetched without that one, held 5 s: the partition's next record would wait for
     that fetch (``infra/longpoll.py``)."""
-    settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
-    topic = f"test.longpoll.busy.{unique}"
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_topic(topic, 3)
-    consumer = make_consumer(settings, f"longpoll-busy-{unique}", topics=[topic])
-    await consumer.start()
-    tp = TopicPartition(topic, 0)
-    try:
-        await consumer.getmany(timeout_ms=3000)  # joined, positioned, a fetch now waits
+    async with held_fetches(settings, f"busy.{unique}") as (settings, consumer, topic), EventProducer(
+            settings) as producer:
+        tp = TopicPartition(topic, 0)
         waits = []
-        async with EventProducer(settings) as producer:
-            for i in range(3):
-                for j in range(2):
-                    await producer.send(topic, heartbeat(2 * i + j), partition=0)
-                got = await consumer.getmany(timeout_ms=3000, max_records=1)
-                assert [len(rs) for rs in got.values()] == [1], got
-                await asyncio.sleep(0.5)  # busy: one record of partition 0 still unread
-                waits.append(await next_record(consumer, tp))
-                await producer.send(topic, heartbeat(100 + i), partition=0)
-                waits.append(await next_record(consumer, tp))
-    finally:
-        await consumer.stop()
+        for i in range(3):
+            for j in range(2):
+                await producer.send(topic, heartbeat(2 * i + j), partition=0)
+            got = await consumer.getmany(timeout_ms=3000, max_records=1)
+            assert [len(rs) for rs in got.values()] == [1], got
+            await asyncio.sleep(0.5)  # busy: one record of partition 0 still unread
+            waits.append(await next_record(consumer, tp))
+            await producer.send(topic, heartbeat(100 + i), partition=0)
+            waits.append(await next_record(consumer, tp))
     assert max(waits) < 2.5, waits
-
-
-async def next_record(consumer, tp: TopicPartition) -> float:
-    """Seconds until the consumer hands over one record of ``tp``."""
-    began = time.monotonic()
-    got: dict = {}
-    while not got:
-        got = await consumer.getmany(tp, timeout_ms=100, max_records=1)
-    return time.monotonic() - began
 
 
 async def test_requests_beside_a_held_fetch_do_not_wait_for_it(settings: Settings, unique: str) -> None:
@@ -380,15 +380,8 @@ async def test_requests_beside_a_held_fetch_do_not_wait_for_it(settings: Setting
     follower's ``caught_up``, an env worker positioning partitions) still answer at once: the
     fetches go on a connection of their own (``infra/longpoll.py``). Sent on the fetch's
     connection, each would wait for the held fetch, up to 5 s."""
-    settings = settings.model_copy(update={"fetch_max_wait_ms": 5_000})
-    topic = f"test.longpoll.side.{unique}"
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_topic(topic, 3)
-    consumer = make_consumer(settings, f"longpoll-side-{unique}", topics=[topic])
-    await consumer.start()
-    tps = [TopicPartition(topic, p) for p in range(3)]
-    try:
-        await consumer.getmany(timeout_ms=3000)  # joined, positioned, a fetch now waits
+    async with held_fetches(settings, f"side.{unique}") as (settings, consumer, topic):
+        tps = [TopicPartition(topic, p) for p in range(3)]
         waits = []
         for _ in range(4):
             await asyncio.sleep(0.7)
@@ -398,11 +391,5 @@ async def test_requests_beside_a_held_fetch_do_not_wait_for_it(settings: Setting
             waits.append(time.monotonic() - began)
         async with EventProducer(settings) as producer:  # and the held fetch still delivers
             await producer.send(topic, heartbeat(1), key="1")
-            got: list = []
-            began = time.monotonic()
-            while not got:
-                got = [r for rs in (await consumer.getmany(timeout_ms=100)).values() for r in rs]
-            waits.append(time.monotonic() - began)
-    finally:
-        await consumer.stop()
+            waits.append(await next_record(consumer))
     assert max(waits) < 2.5, waits
