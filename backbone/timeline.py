@@ -107,18 +107,22 @@ class ForwardLog:
         """Records that started at or after ``start_s`` (a benchmark's window)."""
         return [r for r in self.records if r.start_s >= start_s]
 
-    def to_json(self, records: Iterable[ForwardRecord] | None = None) -> dict:
+    def to_json(self, records: Iterable[ForwardRecord] | None = None,
+                origin_unix: float | None = None) -> dict:
+        """``records`` (default: this log's) whose times are relative to ``origin_unix`` (default:
+        this log's origin): another clock's records must say which wall time their zero was."""
         rows = self.records if records is None else records
         return {
             "format": FORMAT,
-            "origin_unix": self.origin_unix,
+            "origin_unix": self.origin_unix if origin_unix is None else origin_unix,
             "dropped": self.dropped,
             "columns": ["queue", "start_s", "end_s", "tenants"],
             "forwards": [[r.queue, round(r.start_s, 6), round(r.end_s, 6), list(r.tenants)] for r in rows],
         }
 
-    def dump(self, path: Path, records: Iterable[ForwardRecord] | None = None) -> Path:
-        path.write_text(json.dumps(self.to_json(records), separators=(",", ":")))
+    def dump(self, path: Path, records: Iterable[ForwardRecord] | None = None,
+             origin_unix: float | None = None) -> Path:
+        path.write_text(json.dumps(self.to_json(records, origin_unix), separators=(",", ":")))
         return path
 
 

@@ -136,6 +136,11 @@ class InProcessDevice:
     def timeline_since(self, start_s: float):
         return self.gate.timeline.since(start_s)
 
+    @property
+    def origin_unix(self) -> float:
+        """The wall time of the timeline's zero."""
+        return self.gate.timeline.origin_unix
+
     def clock(self) -> float:
         """Now, on the clock of the timeline's records."""
         return self.gate.timeline.now()
@@ -502,12 +507,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     forwards = last_shared["_forwards"]
     origin = min((f.start_s for f in forwards), default=0.0)  # the report's clock starts with the run
     ForwardLog().dump(run_dir / "forwards.json", [
-        ForwardRecord(f.queue, f.start_s - origin, f.end_s - origin, f.tenants) for f in forwards])
+        ForwardRecord(f.queue, f.start_s - origin, f.end_s - origin, f.tenants) for f in forwards],
+        origin_unix=device.origin_unix + origin)
     # every counted run's forwards and job spans, for the projection model (benchmarks/projection.py)
     (run_dir / "traces.json").write_text(json.dumps([
         {"mode": r["mode"], "repeat": r["repeat"], "tenants": r["tenants"], "kinds": r["kinds"],
          "spans": r["spans"], "makespan_s": r["makespan_s"],
-         "forwards": ForwardLog().to_json(r["_forwards"])} for r in runs]))
+         "forwards": ForwardLog().to_json(r["_forwards"], origin_unix=device.origin_unix)} for r in runs]))
     console.print(f"run directory: {run_dir} (multi_tenant.json, report.html: {write_report(run_dir).name})")
     return result
 

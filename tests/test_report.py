@@ -16,7 +16,7 @@ from rich.console import Console
 
 from backbone.gate import DeviceGate
 from backbone.grouped import forward_grouped_on
-from backbone.timeline import JSONL_SUFFIX, ForwardLog, load_forwards, read_window
+from backbone.timeline import JSONL_SUFFIX, ForwardLog, ForwardRecord, load_forwards, read_window
 from infra.runtime.report import PLOTS, build_report, write_report
 from tests.browser import chromium_or_skip, rendered, screenshot
 from tests.vla import requests
@@ -72,6 +72,15 @@ def test_forward_log_round_trips_and_refuses_other_formats(tmp_path: Path) -> No
     (tmp_path / "other.json").write_text(json.dumps({"format": "something-else", "forwards": []}))
     with pytest.raises(ValueError, match="other.json"):
         load_forwards(tmp_path / "other.json")
+
+
+def test_records_of_another_clock_carry_that_clocks_origin(tmp_path: Path) -> None:
+    """A benchmark dumps records relative to its own start: the file must name that start, not
+    the moment of the dump (traces once said a time 20 minutes after the run's)."""
+    records = [ForwardRecord("inference", 1.0, 1.5, ("a",))]
+    path = ForwardLog().dump(tmp_path / "forwards.json", records, origin_unix=1_000.0)
+    assert json.loads(path.read_text())["origin_unix"] == 1_000.0
+    assert ForwardLog().to_json(records)["origin_unix"] > 1_000.0  # default: the log's own origin
 
 
 def test_exported_timelines_are_read_back_by_window_across_files(tmp_path: Path) -> None:

@@ -184,9 +184,8 @@ def write_run_report(run_dir: Path, timeline_dir: Path, since_unix: float) -> Pa
     already in its JSON files."""
     try:
         forwards = read_window(Path(timeline_dir), since_unix)
-        timeline = ForwardLog()
-        timeline.origin_unix = since_unix  # the records' times are relative to the run's start
-        timeline.dump(Path(run_dir) / "forwards.json", forwards)
+        # the records' times are relative to the run's start
+        ForwardLog().dump(Path(run_dir) / "forwards.json", forwards, origin_unix=since_unix)
         return write_report(Path(run_dir))
     except Exception as exc:
         log.warning("report_failed", run_dir=str(run_dir), error=f"{type(exc).__name__}: {exc}"[:300])
