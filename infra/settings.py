@@ -63,13 +63,11 @@ class Settings(BaseSettings):
     max_poll_records: int = 200
     # How long the broker holds a fetch that finds nothing new (a record arriving answers it at
     # once). Longer waits mean fewer empty fetches, each naming every assigned partition: with
-    # 28 tenants' topics an idle service took 40.3% of one core at 500 ms, 22.4% at 5 s
-    # (benchmarks/idle_cost.py). Fetches go on a connection of their own (infra/longpoll.py),
-    # so end-offset and metadata requests do not queue behind a held one; but aiokafka sends no
-    # offset reset (seek_to_beginning/end) to a broker while a fetch is held there, and the env
-    # worker's rebalance listener awaits two: at 5 s they outlasted the 8 s group session and the
-    # env workers of test_a_killed_env_worker_... expelled each other for minutes. Hence 500 ms.
-    fetch_max_wait_ms: int = Field(500, ge=0)
+    # 28 tenants' topics an idle service took 40.3% of one core at 500 ms, 23.9% at 5 s
+    # (benchmarks/idle_cost.py). infra/longpoll.py keeps a held fetch from delaying anything else
+    # (end offsets, metadata, prefetched partitions, seeks): before its seek rule, 5 s made the env
+    # workers' rebalance listener outlast the group session (test_a_killed_env_worker_...).
+    fetch_max_wait_ms: int = Field(5_000, ge=0)
 
     # --- security (infra/connection.py builds every client's options from these)
     # PLAINTEXT: no authentication (the default local broker). SASL_PLAINTEXT: SCRAM over TCP, as

@@ -375,6 +375,34 @@ async def test_a_busy_consumer_gets_its_partitions_next_records_at_once(settings
     assert max(waits) < 2.5, waits
 
 
+async def test_a_seek_beside_a_held_fetch_does_not_wait_for_it(settings: Settings, unique: str) -> None:
+    """With fetches held 5 s, ``seek_to_beginning`` / ``seek_to_end`` (an env worker's rebalance
+    listener awaits both, without heartbeats) and a plain ``seek`` (a rewind after a failed
+    transaction) take effect at once: aiokafka sends no offset reset to a broker while a fetch is
+    held there, and fetches a moved partition only when that fetch returns (``infra/longpoll.py``)."""
+    async with held_fetches(settings, f"seek.{unique}") as (settings, consumer, topic), EventProducer(
+            settings) as producer:
+        tps = [TopicPartition(topic, p) for p in range(3)]
+        await producer.send(topic, heartbeat(0), partition=0)
+        await next_record(consumer)
+        waits = []
+        for _ in range(2):
+            await asyncio.sleep(0.7)  # the next fetch is held at the broker
+            began = time.monotonic()
+            assert await consumer.seek_to_beginning(*tps)
+            waits.append(time.monotonic() - began)
+            waits.append(await next_record(consumer, tps[0]))  # offset 0 again
+            await asyncio.sleep(0.7)
+            began = time.monotonic()
+            assert await consumer.seek_to_end(*tps)
+            waits.append(time.monotonic() - began)
+            assert await consumer.position(tps[0]) == 1
+            await asyncio.sleep(0.7)
+            consumer.seek(tps[0], 0)
+            waits.append(await next_record(consumer, tps[0]))
+    assert max(waits) < 2.5, waits
+
+
 async def test_requests_beside_a_held_fetch_do_not_wait_for_it(settings: Settings, unique: str) -> None:
     """With fetches held 5 s at the broker, a consumer's end-offsets and metadata requests (a
     follower's ``caught_up``, an env worker positioning partitions) still answer at once: the
