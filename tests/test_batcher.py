@@ -14,6 +14,8 @@ import torch
 from backbone.batcher import BatcherConfig, GroupBatcher
 from backbone.inputs import InvalidRequest, VLARequest
 from backbone.model import Backbone
+from consumers.inference import _finished
+from schemas import events as ev
 from tests.vla import requests
 
 
@@ -178,6 +180,32 @@ async def test_a_finished_session_holds_nobody_back(backbones: dict[str, Backbon
         batcher.forget("never-seen")  # harmless
     assert [(r.size, r.reason) for r in batcher.records] == [(1, "complete"), (2, "complete"),
                                                               (1, "complete")]
+
+
+def test_inference_forgets_a_session_at_its_last_episode_or_its_close() -> None:
+    """What the inference role calls ``forget`` on (``_finished``): a close, a final status, or
+    the progress of the episode that completes the session's count; not a session midway, nor
+    one whose request it has not seen (it cannot know the count)."""
+    envelope = ev.Envelope(tenant_id="t")
+    spec = ev.EnvSessionRequested(envelope=envelope, session_id="s", job_id="j", env_id="e",
+                                  obs_mode="state", image_size=32, cameras=1, seed=0, episodes=2)
+    endless = spec.model_copy(update={"session_id": "forever", "episodes": None})
+    sessions = {"s": spec, "forever": endless}
+
+    def progress(sid: str, done: int, status=ev.SessionStatus.RUNNING) -> ev.EnvSessionProgress:
+        return ev.EnvSessionProgress(envelope=envelope, session_id=sid, job_id="j", status=status,
+                                     episodes_completed=done, steps_completed=10 * done, successes=0,
+                                     restarts=0, worker_id="w")
+
+    assert not _finished(spec, sessions)
+    assert not _finished(progress("s", 1), sessions)
+    assert _finished(progress("s", 2), sessions)
+    assert not _finished(progress("forever", 50), sessions)
+    assert _finished(progress("forever", 50, ev.SessionStatus.CLOSED), sessions)
+    assert _finished(progress("forever", 3, ev.SessionStatus.FAILED), sessions)
+    assert not _finished(progress("unknown", 9), sessions)
+    assert _finished(ev.EnvSessionClosed(envelope=envelope, session_id="unknown", job_id="j",
+                                         reason="cancelled"), sessions)
 
 
 async def test_a_group_does_not_wait_t_for_sessions_due_after_it(backbones: dict[str, Backbone]) -> None:
