@@ -1,7 +1,8 @@
 """Follow topics from their beginning without a consumer group: the way a role builds a read model.
 
 A ``TopicFollower`` reads every partition of the topics that match a pattern
-(new tenants' topics are picked up within seconds), from offset 0, committed
+(new tenants' topics are picked up within ``pattern_refresh_ms``, at once by
+``caught_up``), from offset 0, committed
 records only, and hands each decoded event to ``apply`` (not one whose envelope names another
 tenant than its topic: that is skipped and logged as a security event). It commits nothing:
 a restart folds the log again, which is what makes the read model a pure
@@ -55,7 +56,9 @@ class TopicFollower:
         self.consumer = fetch_apart(AIOKafkaConsumer(
             **client_options(settings), client_id=f"{settings.client_id}-{name}",
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
-            isolation_level="read_committed", metadata_max_age_ms=2000,
+            isolation_level="read_committed",
+            # a pattern's refresh lists every topic; one assigned topic needs no refresh to be seen
+            metadata_max_age_ms=settings.pattern_refresh_ms if seek is None else 300_000,
             fetch_max_wait_ms=settings.fetch_max_wait_ms))
         self.applied = 0
         self._task: asyncio.Task | None = None
@@ -123,6 +126,15 @@ class TopicFollower:
 
     async def caught_up(self, topics: list[str], timeout_s: float = 30.0) -> None:
         """Wait until the follower has read ``topics`` up to their current ends."""
+        try:
+            await asyncio.wait_for(self._catch_up(topics), timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"{self.name} did not catch up with {topics} in {timeout_s}s") from None
+
+    async def _catch_up(self, topics: list[str]) -> None:
+        if any(self.consumer.partitions_for_topic(t) is None for t in topics):
+            # a new tenant's topic: see it (all its partitions) now, not at the next pattern refresh
+            await self.consumer._client.force_metadata_update()
         ends = await self.consumer.end_offsets(
             [TopicPartition(t, p) for t in topics for p in (self.consumer.partitions_for_topic(t) or {0})])
 
@@ -135,13 +147,9 @@ class TopicFollower:
                     return False
             return True
 
-        async def wait() -> None:
-            while not await reached():
-                with contextlib.suppress(TimeoutError):  # re-check at least every second
-                    async with self._progress:
-                        await asyncio.wait_for(self._progress.wait(), 1.0)
-
-        try:
-            await asyncio.wait_for(wait(), timeout_s)
-        except TimeoutError:
-            raise TimeoutError(f"{self.name} did not catch up with {topics} in {timeout_s}s") from None
+        while not await reached():
+            if {tp for tp, end in ends.items() if end} - self.consumer.assignment():
+                await self.consumer._client.force_metadata_update()  # not matched yet: ask again
+            with contextlib.suppress(TimeoutError):  # re-check at least every second
+                async with self._progress:
+                    await asyncio.wait_for(self._progress.wait(), 1.0)

@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     # (end offsets, metadata, prefetched partitions, seeks): before its seek rule, 5 s made the env
     # workers' rebalance listener outlast the group session (test_a_killed_env_worker_...).
     fetch_max_wait_ms: int = Field(5_000, ge=0)
+    # How often a pattern subscription (every tenant's topics of a stream: group consumers and
+    # read-model followers) re-reads the cluster's metadata to see new tenants' topics. Each read
+    # lists EVERY topic of the cluster (aiokafka), so it costs the broker and the client O(topics):
+    # 4.3 ms of client CPU at 114 topics (2026-12-01). A follower that must see a topic now
+    # (TopicFollower.caught_up) asks at once instead of waiting for the next read.
+    pattern_refresh_ms: int = Field(5_000, ge=100)
 
     # --- security (infra/connection.py builds every client's options from these)
     # PLAINTEXT: no authentication (the default local broker). SASL_PLAINTEXT: SCRAM over TCP, as

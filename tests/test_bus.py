@@ -15,6 +15,7 @@ from aiokafka.structs import TopicPartition
 from consumers.bus.episodes import RolloutReader
 from consumers.bus.loop import ConsumeLoop, make_consumer
 from consumers.bus.protocols import RecordContext
+from infra.follow import TopicFollower
 from infra.settings import Settings
 from infra.topics import TopicAdmin, tenant_topic
 from producers.producer import EventProducer
@@ -122,6 +123,31 @@ async def test_pattern_subscription_sees_every_tenant(settings: Settings, unique
             await producer.send(f"nexus.t.{tenant}.status", heartbeat(0, tenant), key=tenant)
         await wait_for(lambda: len(got) == 3, what="one record per tenant")
     assert sorted(got) == sorted((t, f"nexus.t.{t}.status") for t in tenants)
+
+
+async def test_a_followers_caught_up_waits_for_every_partition_of_a_new_topic(settings: Settings,
+                                                                             unique: str) -> None:
+    """Read-your-writes for a topic created after the follower started (a new tenant's first
+    job): ``caught_up`` must wait for ALL its partitions. It once knew only partition 0 of a topic
+    its metadata did not list yet, and returned at once when that one was empty. Pattern
+    refreshes list every topic of the cluster, so they are rare (here 120 s): it asks itself."""
+    settings = settings.model_copy(update={"pattern_refresh_ms": 120_000})
+    tenant = f"late-{unique}"
+    topic = tenant_topic(settings, tenant, "sessions")
+    got: list[int] = []
+    follower = TopicFollower(settings, rf"nexus\.t\.late-{unique}\.sessions",
+                             lambda event, record: got.append(record.partition), name="late")
+    async with follower:
+        await asyncio.sleep(1.0)  # its first metadata read is behind it: the topic does not exist yet
+        async with TopicAdmin(settings) as admin:
+            await admin.ensure_tenant(tenant)
+            partitions = await admin.partitions(topic)
+        assert partitions > 1
+        async with EventProducer(settings) as producer:
+            for p in range(1, partitions):  # partition 0 stays empty
+                await producer.send(topic, heartbeat(p, tenant), key=tenant, partition=p)
+        await follower.caught_up([topic], timeout_s=15.0)
+        assert sorted(got) == list(range(1, partitions))
 
 
 async def test_slow_sync_handler_does_not_starve_heartbeats(settings: Settings, unique: str) -> None:

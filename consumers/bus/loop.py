@@ -74,7 +74,7 @@ def make_consumer(
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=settings.heartbeat_interval_ms,
         request_timeout_ms=settings.request_timeout_ms,
-        metadata_max_age_ms=5000 if pattern else 300_000,  # pattern: see new tenants soon
+        metadata_max_age_ms=settings.pattern_refresh_ms if pattern else 300_000,  # see new tenants soon
         **extra,
     )
     fetch_apart(consumer)

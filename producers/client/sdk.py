@@ -16,6 +16,7 @@ policy store directly (checkpoints travel by reference).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -121,6 +122,8 @@ class Client:
     ) -> JobState:
         """Wait until the job is terminal, calling ``on_update`` whenever its state changed."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with contextlib.suppress(TimeoutError):  # a new tenant's topics: seen now, not at the next refresh
+            await self.book.sync(job.tenant, timeout_s=10.0)
         seen = None
         unseen_since = time.monotonic()
         while True:
