@@ -131,7 +131,8 @@ class InProcessDevice:
     async def snapshot(self) -> dict[str, float]:
         return {"busy_inference_s": self.gate.busy_s["inference"], "busy_train_s": self.gate.busy_s["train"],
                 "forwards_inference": float(self.gate.forwards["inference"]),
-                "forwards_train": float(self.gate.forwards["train"]), "clock_s": self.gate.timeline.now()}
+                "forwards_train": float(self.gate.forwards["train"]), "clock_s": self.gate.timeline.now(),
+                "steal_s": steal_seconds()}
 
     def timeline_since(self, start_s: float):
         return self.gate.timeline.since(start_s)
@@ -144,6 +145,18 @@ class InProcessDevice:
     def clock(self) -> float:
         """Now, on the clock of the timeline's records."""
         return self.gate.timeline.now()
+
+
+def steal_seconds() -> float:
+    """CPU seconds the hypervisor gave other guests while this machine's CPUs wanted to run, all
+    CPUs together, since boot (``/proc/stat``; 0 where there is none): a pass that ran slower
+    because the VM's host was busy says so here."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return 0.0
+    # "cpu user nice system idle iowait irq softirq steal ..." (proc(5))
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -205,6 +218,7 @@ class ProcessDevice:
             out[key] = out.get(key, 0.0) + cpu_seconds(inst.pid)
         out["cpu_broker_s"] = cpu_seconds(self.broker.pid()) if self.broker else 0.0
         out["cpu_client_s"] = cpu_seconds(os.getpid())
+        out["steal_s"] = steal_seconds()
         return out
 
     async def _heartbeat_after(self, unix: float) -> dict[str, str]:
@@ -385,6 +399,13 @@ def print_cpu(console: Console, cpu: dict[str, dict[str, float]], affinity: dict
     console.print(table)
 
 
+def print_steal(console: Console, runs: list[dict[str, Any]]) -> None:
+    """Per pass, in run order: what the VM's host took from this machine's CPUs."""
+    passes = [f"{r['mode']} {r['repeat'] + 1}: {r['steal_s']:.1f} s" for r in runs if "steal_s" in r]
+    if passes:
+        console.print("CPU stolen by the VM's host per pass (both CPUs): " + ", ".join(passes))
+
+
 def bit_identical(store, runs: list[dict[str, Any]]) -> list[bool]:
     """Per tenant (scenario position): its final parameters equal in every run, both modes."""
     reference = [store.load(t).state.model for t in runs[0]["tenants"]]
@@ -471,6 +492,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 f"backbone {settings.backbone}, scenario {args.scenario}, "
                 f"{args.repeats} repeats (alternating order), warm-up first")
     print_cpu(console, result["cpu_medians"], settings.cpu_affinity)
+    print_steal(console, runs)
     console.print(f"device time saved by sharing: {result['device_time_saving']:.1%} "
                   f"(paper: 28.3%, target: >= 40%)")
     fractions = result["medians"]

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the processes deployment needs two CPUs (device host + the rest)")
     run_dir, out = tmp_path / "run", tmp_path / "mt.json"
+    started = time.time()
     env = {**os.environ, "JOYNEXUS_HOME": str(tmp_path / "home"),
            "JOYNEXUS_BOOTSTRAP_SERVERS": settings.bootstrap, "JOYNEXUS_BACKBONE": "tiny",
            "JOYNEXUS_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
@@ -58,6 +60,7 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
         assert {"cpu_device_s", "cpu_env_s", "cpu_optimizer_s", "cpu_client_s"} <= cpu.keys()
         assert cpu["cpu_device_s"] > 0 and cpu["cpu_env_s"] > 0
     assert "where the cores' time goes" in done.stdout
+    assert all(run["steal_s"] >= 0 for run in result["runs"]) and "CPU stolen by the VM's host" in done.stdout
     # fixed work per tenant: the same optimizer steps in both modes
     assert len({run["optimizer_steps"] for run in result["runs"]}) == 1
     ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
@@ -67,3 +70,8 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
                  "report.html"):
         assert (run_dir / name).exists(), name
     assert "deployment processes" in json.loads((run_dir / "comparison.json").read_text())["note"]
+    # each pass's forwards are relative to the run's start, and the file names that wall time
+    path = run_dir / "traces.json"
+    for trace in json.loads(path.read_text()):
+        origin, spans = trace["forwards"]["origin_unix"], trace["spans"]
+        assert started < origin + spans[0][0] < origin + max(end for _, end in spans) <= path.stat().st_mtime
