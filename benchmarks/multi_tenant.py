@@ -206,7 +206,7 @@ class ProcessDevice:
             mine = [f for f in forwards if f.queue == queue]
             snap[f"busy_{queue}_s"] = sum(f.busy_s for f in mine)
             snap[f"forwards_{queue}"] = float(len(mine))
-        return snap | self.cpu()
+        return snap | self.cpu() | {"steal_s": steal_seconds()}  # the machine's, not a process's
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far per process kind (``cpu_<kind>_s``), the broker and this process (the
@@ -218,7 +218,6 @@ class ProcessDevice:
             out[key] = out.get(key, 0.0) + cpu_seconds(inst.pid)
         out["cpu_broker_s"] = cpu_seconds(self.broker.pid()) if self.broker else 0.0
         out["cpu_client_s"] = cpu_seconds(os.getpid())
-        out["steal_s"] = steal_seconds()
         return out
 
     async def _heartbeat_after(self, unix: float) -> dict[str, str]:
