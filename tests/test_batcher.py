@@ -16,6 +16,7 @@ from backbone.inputs import InvalidRequest, VLARequest
 from backbone.model import Backbone
 from consumers.inference import _finished
 from schemas import events as ev
+from tests.helpers import wait_for
 from tests.vla import requests
 
 
@@ -173,10 +174,8 @@ async def test_a_finished_session_holds_nobody_back(backbones: dict[str, Backbon
         await batcher.submit(a, source="s-a")  # nobody else was ever answered: complete alone
         await asyncio.gather(batcher.submit(b, source="s-b"), batcher.submit(a, source="s-a"))
         waiting = asyncio.create_task(batcher.submit(a, source="s-a"))
-        for _ in range(1000):  # its prepare runs in a thread: slow on a loaded machine
-            if batcher.pending():
-                break
-            await asyncio.sleep(0.01)
+        # its prepare runs in a thread: slow on a loaded machine
+        await wait_for(lambda: batcher.pending() > 0, what="the request queued")
         await _settle()
         assert batcher.pending() == 1  # s-b was answered just now: it is expected back
         batcher.forget("s-b")  # its session ended
