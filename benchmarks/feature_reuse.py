@@ -26,10 +26,9 @@ of forwards (polls, the gate's chunks, inference groups) and the seconds printed
 bus: the sum of the record value sizes (Avro, as consumers see them: before the producer's
 compression) on each of the tenant's topics, read back with a plain consumer after the job, per RL
 iteration (the job's total over its iterations) and per SFT epoch; plus the bytes the job's tensors
-put into the tensor store, and a what-if (the logged gradient jobs re-encoded, not run) with each
-job's images replaced by a reference to its iteration's images in the tensor store and its row
-indices. The three runs must end with bit-identical checkpoints (the cache changes no bit; checked
-and printed).
+put into the tensor store (an RL iteration's images go there once, as one gradient job refers to
+them; before 2026-12-02 every minibatch of every epoch carried its images on the bus). The three
+runs must end with bit-identical checkpoints (the cache changes no bit; checked and printed).
 """
 
 from __future__ import annotations
@@ -43,7 +42,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 from rich.table import Table
@@ -51,9 +49,6 @@ from rich.table import Table
 from infra.runtime.demo import ensure_dataset, scenario
 from infra.settings import Settings
 from infra.topics import TENANT_STREAMS, tenant_topic
-from schemas import events as ev
-from schemas.codec import Codec
-from schemas.tensors import from_numpy
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "off": {"train_feature_cache_mb": 0.0, "feature_cache_from_inference": False},
@@ -83,35 +78,15 @@ def counters(host) -> dict[str, int]:
             "inference_forwards": len(host.roles["inference"].batcher.records)}
 
 
-async def bus_bytes(settings: Settings, tenant: str) -> tuple[dict[str, int], list[ev.GradientJob]]:
-    """Sum of record value sizes on each of ``tenant``'s topics (committed records), and its gradient
-    jobs as read back."""
+async def bus_bytes(settings: Settings, tenant: str) -> dict[str, int]:
+    """Sum of record value sizes on each of ``tenant``'s topics (committed records)."""
     from consumers.bus.replay import replay
 
-    out, jobs = {}, []
+    out = {}
     for spec in TENANT_STREAMS:
         topic = tenant_topic(settings, tenant, spec.stream)
-        records = [r async for r in replay(settings, topic)]
-        out[spec.stream] = sum(len(r.value or b"") for r in records)
-        jobs += [r.event for r in records if isinstance(r.event, ev.GradientJob)]
-    return out, jobs
-
-
-def images_by_reference(settings: Settings, jobs: list[ev.GradientJob], epochs: int) -> dict[str, float]:
-    """What-if (re-encoded, not run): the same gradient jobs with their images replaced by a reference
-    to the iteration's image tensor in the tensor store plus their row indices (int32), as a
-    ``GradientJob.rows`` field would carry them. Returns the jobs' bytes on the bus and the bytes
-    the images would take in the tensor store (each iteration's rows once)."""
-    codec, bus, store = Codec(), 0, 0
-    uri = (settings.tensor_dir / "ab" / ("ab" + "0" * 62)).resolve().as_uri()
-    for job in jobs:
-        rows = job.images.shape[0]
-        ref = ev.Tensor(dtype=job.images.dtype, shape=job.images.shape, data=b"",
-                        ref=ev.BlobRef(uri=uri, sha256="ab" + "0" * 62, size_bytes=len(job.images.data)))
-        targets = {**job.targets, "rows": from_numpy(np.arange(rows, dtype=np.int32))}
-        bus += len(codec.encode(job.model_copy(update={"images": ref, "targets": targets})))
-        store += len(job.images.data) / epochs  # every epoch holds each row of its iteration once
-    return {"bus": bus, "store": store}
+        out[spec.stream] = sum(len(r.value or b"") async for r in replay(settings, topic))
+    return out
 
 
 def dir_bytes(path: Path) -> int:
@@ -156,12 +131,9 @@ async def run_config(name: str, base: Settings, backbone, specs: tuple[dict, dic
                 after = counters(host)
                 if state.phase != "completed":
                     raise SystemExit(f"{name}: {kind} job ended {state.phase}: {state.reason}")
-                sizes, jobs = await bus_bytes(settings, spec["tenant"])
-                epochs = spec["rl"]["ppo_epochs"] if kind == "rl" else 1
                 out[kind] = {
                     "seconds": seconds, "total": {k: after[k] - before[k] for k in after},
-                    "marks": marks,
-                    "bytes": sizes, "by_reference": images_by_reference(settings, jobs, epochs),
+                    "marks": marks, "bytes": await bus_bytes(settings, spec["tenant"]),
                     "tensor_store_bytes": dir_bytes(settings.tensor_dir) - tensors_before,
                     "final": service.store.load(spec["tenant"]).state,
                 }
@@ -217,10 +189,6 @@ def summary(runs: dict[str, dict[str, Any]], args: argparse.Namespace) -> tuple[
             {n: runs[n]["rl"]["bytes"][stream] / args.iterations for n in CONFIGS})
     add("RL bytes/iteration: all tenant topics",
         {n: sum(runs[n]["rl"]["bytes"].values()) / args.iterations for n in CONFIGS})
-    add("RL bytes/iteration: gradient-jobs, images by reference (what-if)",
-        {n: runs[n]["rl"]["by_reference"]["bus"] / args.iterations for n in CONFIGS})
-    add("RL tensor-store bytes/iteration, images by reference (what-if)",
-        {n: runs[n]["rl"]["by_reference"]["store"] / args.iterations for n in CONFIGS})
     add("RL tensor-store bytes/iteration", {n: runs[n]["rl"]["tensor_store_bytes"] / args.iterations
                                            for n in CONFIGS})
     add("RL wall s/iteration (load-dependent)",

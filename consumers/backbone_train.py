@@ -10,6 +10,15 @@ whose features are in the process's feature cache (forwarded for an earlier
 job, or by inference when it acted on that observation) are not forwarded
 again: a cached row holds the bits a forward would compute.
 
+A PPO iteration comes as ONE job: its rows once (images by reference above
+``tensor_inline_max_bytes``) and every epoch's minibatches as row indices; it
+becomes one FeatureBatch per minibatch, in order (batch id ``<batch_id>/mb<j>``,
+sequence ``sequence + j``, the targets cut to the minibatch's rows), byte for
+byte what one job per minibatch would have given, so the optimizer cannot tell.
+Each row is decoded, hashed and looked up once per iteration instead of once
+per epoch, and the bus carries each image once (one job per minibatch, as
+until 2026-12-02, carried it ``ppo_epochs`` times).
+
 Commits: one forward spans partitions, but each input partition commits its
 own outputs (feature batches, usage, dead letters) and its offset in its OWN
 transaction, with the transactional id ``backbone-train-<topic>-<partition>``
@@ -32,6 +41,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import numpy as np
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
@@ -44,7 +54,7 @@ from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.loop import make_consumer
 from consumers.bus.protocols import Workload
 from consumers.bus.transform import PartitionProducers
-from consumers.convert import feature_tensors, gradient_job_requests
+from consumers.convert import feature_tensors, gradient_job_requests, minibatch_rows, minibatch_targets
 from consumers.service import Service
 from infra.errors import JoynexusError, TenantMismatch
 from infra.logging import get_logger
@@ -65,7 +75,8 @@ class _Job:
     prepared) or prepared for the forward."""
 
     record: ConsumerRecord
-    event: ev.GradientJob
+    event: ev.GradientJob  # every tensor inline
+    minibatches: list[np.ndarray]  # row indices, one array per feature batch to publish
     keys: list[str]  # in the feature cache
     prepared: list[Prepared | None]
     features: list[VLAFeature | None]
@@ -194,7 +205,9 @@ class BackboneTrainRole:
             # each row's cached feature, or else its prepared input: a hit is never prepared
             # (preparing costs several times the forward's CPU on a CPU device host); the cache is
             # read here, on the loop, where inference writes it
+            event = self._resolved(event)
             requests = gradient_job_requests(event)
+            minibatches = minibatch_rows(event, len(requests))
             keys = [self.cache.key(r) for r in requests]
             features = [self.cache.get(k, r) for k, r in zip(keys, requests, strict=True)]
             prepare = self.service.backbone.prepare
@@ -205,7 +218,16 @@ class BackboneTrainRole:
                       error_class=type(exc).__name__, error=str(exc)[:300])
             return exc
         self.hits += sum(f is not None for f in features)
-        return _Job(record, event, keys, prepared, features)
+        return _Job(record, event, minibatches, keys, prepared, features)
+
+    def _resolved(self, job: ev.GradientJob) -> ev.GradientJob:
+        """``job`` with its tensors' bytes inline (an iteration's images travel by reference)."""
+        resolve = self.service.tensors.resolve
+        return job.model_copy(update={
+            "images": resolve(job.images) if job.images is not None else None,
+            "proprio": resolve(job.proprio) if job.proprio is not None else None,
+            "targets": {name: resolve(t) for name, t in job.targets.items()},
+        })
 
     async def _forward(self, jobs: list[_Job]) -> dict[str, float]:
         """One forward per bucket over every job's rows that are not cached (each distinct input once);
@@ -237,30 +259,35 @@ class BackboneTrainRole:
         return usage
 
     async def _publish(self, producer: EventProducer, job: _Job, tenants: int) -> None:
+        """One FeatureBatch per minibatch of the job; publish and final go with the last."""
         event = job.event
-        feature = VLAFeature.cat(job.features)
-        batch = ev.FeatureBatch(
-            envelope=ev.Envelope(
-                tenant_id=event.tenant_id, producer_id=f"{GROUP}/{self.instance}", correlation_id=event.job_id
-            ),
-            job_id=event.job_id,
-            batch_id=event.batch_id,
-            sequence=event.sequence,
-            policy_version=event.policy_version,
-            backbone_id=self.service.backbone.backbone_id,
-            features={
-                k: self.service.tensors.offload(t)
-                for k, t in feature_tensors(feature, event.needs_sequence).items()
-            },
-            targets=event.targets,
-            group_size=tenants,
-            source_offset=job.record.offset,
-            publish=event.publish,
-            final=event.final,
-            metrics=event.metrics,
-        )
         topic = tenant_topic(self.settings, event.tenant_id, "features")
-        await producer.enqueue(topic, batch, key=event.tenant_id)
+        whole = not event.minibatches  # the job is one minibatch: its targets pass through untouched
+        for j, rows in enumerate(job.minibatches):
+            last = j == len(job.minibatches) - 1
+            feature = VLAFeature.cat([job.features[i] for i in rows])
+            batch = ev.FeatureBatch(
+                envelope=ev.Envelope(
+                    tenant_id=event.tenant_id, producer_id=f"{GROUP}/{self.instance}",
+                    correlation_id=event.job_id,
+                ),
+                job_id=event.job_id,
+                batch_id=event.batch_id if whole else f"{event.batch_id}/mb{j}",
+                sequence=event.sequence + j,
+                policy_version=event.policy_version,
+                backbone_id=self.service.backbone.backbone_id,
+                features={
+                    k: self.service.tensors.offload(t)
+                    for k, t in feature_tensors(feature, event.needs_sequence).items()
+                },
+                targets=event.targets if whole else minibatch_targets(event.targets, rows),
+                group_size=tenants,
+                source_offset=job.record.offset,
+                publish=event.publish and last,
+                final=event.final and last,
+                metrics=event.metrics,
+            )
+            await producer.enqueue(topic, batch, key=event.tenant_id)
 
     async def _publish_usage(self, producer: EventProducer, tp: TopicPartition,
                              records: list[ConsumerRecord], items: list, usage: dict[str, float]) -> None:

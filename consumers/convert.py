@@ -1,6 +1,10 @@
 """Where events meet compute: observations and gradient jobs into backbone requests, features and
 targets into FeatureBatch tensors and back. Copies and reshapes only, no math.
 
+A GradientJob holds one minibatch, or (``minibatches`` set) an iteration's rows, each sent once,
+with the row indices of every minibatch: ``minibatch_rows`` checks those indices and
+``minibatch_targets`` cuts the targets to one of them (rows copied, never computed).
+
 A FeatureBatch carries ``pooled`` and ``proprio`` always and the token states
 (``sequence``, ``attention_mask``) only when the tenant's modules read them
 (a policy suffix): for a pooled-feature head they would be most of the bytes
@@ -23,6 +27,8 @@ from tenants.targets import PPOTargets, SFTTargets, Targets
 __all__ = [
     "feature_tensors",
     "gradient_job_requests",
+    "minibatch_rows",
+    "minibatch_targets",
     "observation_request",
     "targets_of",
     "to_feature",
@@ -66,6 +72,30 @@ def gradient_job_requests(job: ev.GradientJob) -> list[VLARequest]:
         )
         for i in range(len(images))
     ]
+
+
+def minibatch_rows(job: ev.GradientJob, rows: int) -> list[np.ndarray]:
+    """The job's minibatches as row indices (one holding every row when it names none); DecodeError
+    for an empty one, an index outside ``[0, rows)`` or a target whose rows do not match."""
+    for name, target in job.targets.items():
+        if not target.shape or target.shape[0] != rows:
+            raise DecodeError(f"gradient job {job.batch_id}: target {name!r} has shape {list(target.shape)}, "
+                              f"not {rows} rows")
+    if not job.minibatches:
+        return [np.arange(rows)]
+    out = []
+    for j, indices in enumerate(job.minibatches):
+        idx = np.asarray(indices, dtype=np.int64)
+        if not len(idx) or idx.min() < 0 or idx.max() >= rows:
+            raise DecodeError(f"gradient job {job.batch_id}: minibatch {j} is empty or names rows outside "
+                              f"[0, {rows})")
+        out.append(idx)
+    return out
+
+
+def minibatch_targets(targets: dict[str, ev.Tensor], rows: np.ndarray) -> dict[str, ev.Tensor]:
+    """Each target's ``rows``, in that order: the bytes the rollout would have sent for that minibatch."""
+    return {name: from_numpy(to_numpy(t)[rows]) for name, t in targets.items()}
 
 
 def feature_tensors(feature: VLAFeature, needs_sequence: bool) -> dict[str, ev.Tensor]:

@@ -4,9 +4,11 @@ Consumer group ``rollout`` on the tenants' rollouts topics. Records are
 collected into episodes (``episodes.py``); evaluation sessions are left to the
 evaluator. When an iteration's episodes are in, each episode gets GAE
 advantages and returns (``tenants/advantages.py``), advantages are
-normalised over the iteration, and ``ppo_epochs`` shuffled passes of
-minibatches become GradientJobs in the tenant's training queue. The last one
-asks the optimizer to publish a version (and, on the last iteration, to
+normalised over the iteration, and the iteration becomes ONE GradientJob in
+the tenant's training queue: its rows once (the images by reference above
+``tensor_inline_max_bytes``) and ``ppo_epochs`` shuffled passes of minibatches as
+row indices, which backbone-train turns into one FeatureBatch each. The last
+one asks the optimizer to publish a version (and, on the last iteration, to
 complete the job). Sequences are ``iteration * SEQUENCE_STRIDE + index``, so
 a re-emission after a restart is recognised and skipped by the optimizer.
 
@@ -48,7 +50,7 @@ from schemas.sessions import iteration_of
 from schemas.tensors import from_numpy, to_numpy
 from tenants.advantages import gae, normalize_advantages, ppo_minibatches
 
-__all__ = ["SEQUENCE_STRIDE", "RolloutRole", "iteration_jobs"]
+__all__ = ["SEQUENCE_STRIDE", "RolloutRole", "iteration_job"]
 
 log = get_logger("consumers.rollout")
 GROUP = "rollout"
@@ -63,15 +65,15 @@ def _proprio(record: ev.RolloutRecord, state_in_proprio: bool) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.float32)
 
 
-def iteration_jobs(
+def iteration_job(
     spec: JobSpec,
     iteration: int,
     episodes: list[Episode],
     producer: str,
     dropped: int = 0,
     latest: int | None = None,
-) -> list[ev.GradientJob]:
-    """The PPO minibatches of one iteration: a pure function of the spec and the episodes."""
+) -> ev.GradientJob:
+    """One iteration's rows and PPO minibatches: a pure function of the spec and the episodes."""
     rl = spec.rl
     advantages, returns = [], []
     for episode in episodes:
@@ -101,33 +103,27 @@ def iteration_jobs(
         "collected_version": float(min(r.policy_version for r in records)),
     }
     batches = ppo_minibatches(len(records), rl.minibatch_size, rl.ppo_epochs, spec.seed, iteration)
-    last_iteration = iteration == rl.iterations - 1
-    jobs = []
-    for j, idx in enumerate(batches):
-        last = j == len(batches) - 1
-        jobs.append(
-            ev.GradientJob(
-                envelope=ev.Envelope(tenant_id=spec.tenant, producer_id=producer, correlation_id=spec.job_id),
-                job_id=spec.job_id,
-                batch_id=f"{spec.job_id}/it{iteration}/mb{j}",
-                sequence=iteration * SEQUENCE_STRIDE + j,
-                policy_version=records[0].policy_version,
-                instructions=tuple(records[i].observation.instruction for i in idx),
-                images=from_numpy(images[idx]),
-                proprio=from_numpy(proprio[idx]),
-                targets={
-                    "actions": from_numpy(actions[idx]),
-                    "old_log_probs": from_numpy(old_log_probs[idx]),
-                    "advantages": from_numpy(adv[idx]),
-                    "returns": from_numpy(ret[idx]),
-                },
-                publish=last,
-                final=last and last_iteration,
-                needs_sequence=spec.modules.suffix,
-                metrics=metrics if last else {"iteration": float(iteration)},
-            )
-        )
-    return jobs
+    return ev.GradientJob(
+        envelope=ev.Envelope(tenant_id=spec.tenant, producer_id=producer, correlation_id=spec.job_id),
+        job_id=spec.job_id,
+        batch_id=f"{spec.job_id}/it{iteration}",
+        sequence=iteration * SEQUENCE_STRIDE,
+        policy_version=records[0].policy_version,
+        instructions=tuple(r.observation.instruction for r in records),
+        images=from_numpy(images),
+        proprio=from_numpy(proprio),
+        targets={
+            "actions": from_numpy(actions),
+            "old_log_probs": from_numpy(old_log_probs),
+            "advantages": from_numpy(adv),
+            "returns": from_numpy(ret),
+        },
+        publish=True,
+        final=iteration == rl.iterations - 1,
+        needs_sequence=spec.modules.suffix,
+        metrics=metrics,
+        minibatches=tuple(tuple(int(i) for i in idx) for idx in batches),
+    )
 
 
 class RolloutRole:
@@ -283,14 +279,14 @@ class RolloutRole:
         dropped: int = 0,
         latest: int | None = None,
     ) -> None:
-        jobs = await asyncio.to_thread(
-            iteration_jobs, spec, iteration, episodes, self.producer_id, dropped, latest
-        )
+        def build() -> ev.GradientJob:  # off the loop: the images may be written to the tensor store
+            job = iteration_job(spec, iteration, episodes, self.producer_id, dropped, latest)
+            return job.model_copy(update={"images": self.service.tensors.offload(job.images)})
+
+        job = await asyncio.to_thread(build)
         topic = tenant_topic(self.settings, spec.tenant, "gradient-jobs")
-        for job in jobs:
-            await self.producer.enqueue(topic, job, key=spec.tenant)
-        await self.producer.flush()
-        metrics = jobs[-1].metrics
+        await self.producer.send(topic, job, key=spec.tenant)
+        metrics = job.metrics
         await self.producer.send(
             tenant_topic(self.settings, spec.tenant, "status"),
             ev.JobProgress(
@@ -309,7 +305,7 @@ class RolloutRole:
             tenant=spec.tenant,
             job=spec.job_id,
             iteration=iteration,
-            minibatches=len(jobs),
+            minibatches=len(job.minibatches),
             mean_return=round(metrics["mean_return"], 3),
             success_rate=metrics["success_rate"],
         )

@@ -244,6 +244,7 @@ class GradientJob(Event):
     final: bool = False
     needs_sequence: bool = False
     metrics: dict[str, float] = Field(default_factory=dict)
+    minibatches: tuple[tuple[int, ...], ...] = ()  # empty: the rows are one minibatch
 
 
 class FeatureBatch(Event):

@@ -21,7 +21,7 @@ from backbone.inputs import InvalidRequest, VLARequest
 from backbone.model import Backbone
 from consumers.bus.episodes import Episode
 from consumers.convert import gradient_job_requests, observation_request
-from consumers.rollout import iteration_jobs
+from consumers.rollout import iteration_job
 from infra.settings import Settings
 from schemas import events as ev
 from schemas.codec import Codec
@@ -127,7 +127,7 @@ async def test_inference_features_are_the_bits_training_computes(backbones: dict
     spec = JobSpec.parse(json.dumps({"kind": "rl", "tenant": "t", "job_id": "j", "env": {},
                                      "rl": {"minibatch_size": len(records), "ppo_epochs": 1}}))
     episodes = [Episode(f"s/{e}", [r for r in records if r.episode_id == f"s/{e}"]) for e in range(3)]
-    (job,) = iteration_jobs(spec, 0, episodes, "test")
+    job = iteration_job(spec, 0, episodes, "test")
     job = Codec().decode(Codec().encode(job))  # as backbone-train reads it
     rows = gradient_job_requests(job)
     prepared = [backbone.prepare(r) for r in rows]
