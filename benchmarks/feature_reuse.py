@@ -85,7 +85,7 @@ async def bus_bytes(settings: Settings, tenant: str) -> dict[str, int]:
     out = {}
     for spec in TENANT_STREAMS:
         topic = tenant_topic(settings, tenant, spec.stream)
-        out[spec.stream] = sum(len(r.value or b"") async for r in replay(settings, topic))
+        out[spec.stream] = sum([len(r.value or b"") async for r in replay(settings, topic)])
     return out
 
 
