@@ -202,10 +202,10 @@ class BackboneTrainRole:
                 log.info("gradient job of a stopped job skipped", tenant=event.tenant_id, job=event.job_id,
                          batch=event.batch_id)
                 return None
+            event = await asyncio.to_thread(self._resolved, event)  # a blob read + sha256: off the loop
             # each row's cached feature, or else its prepared input: a hit is never prepared
             # (preparing costs several times the forward's CPU on a CPU device host); the cache is
             # read here, on the loop, where inference writes it
-            event = self._resolved(event)
             requests = gradient_job_requests(event)
             minibatches = minibatch_rows(event, len(requests))
             keys = [self.cache.key(r) for r in requests]
