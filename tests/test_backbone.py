@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch import nn
 
+from backbone import families
 from backbone.feature import VLAFeature
-from backbone.inputs import InvalidRequest, VLARequest
+from backbone.inputs import InvalidRequest, VLARequest, resize_images
 from backbone.model import Backbone
 from infra.errors import ConfigError
 from tests.vla import requests
@@ -81,6 +82,29 @@ def test_grouped_features_equal_serial_bit_for_bit(backbones: dict[str, Backbone
         (alone,) = backbone.forward([p])
         for field in ("sequence", "attention_mask", "pooled", "proprio", "task_id"):
             assert torch.equal(getattr(g, field), getattr(alone, field)), (name, field)
+
+
+@pytest.mark.parametrize("cameras", [1, 2])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_direct_pixels_equal_the_image_processors_own_call(backbones: dict[str, Backbone], name: str,
+                                                            cameras: int, monkeypatch) -> None:
+    """Every preset's processor (loaded back from its checkpoint) takes the direct path, and the
+    direct path gives the bits its ``__call__`` gives, for images of any source size."""
+    backbone = backbones[name]
+    family, size = backbone.family, backbone.spec.image_size
+    assert families.direct(family.image_processor), type(family.image_processor)
+    rng = np.random.default_rng(cameras)
+    cases = [resize_images([rng.integers(0, 256, (side, side + 8, 3), dtype=np.uint8)
+                            for _ in range(cameras)], size, 4) for side in (24, size, 2 * size)]
+    direct = [family.pixels(images) for images in cases]
+    monkeypatch.setattr(families, "direct", lambda processor: False)
+    for images, fast in zip(cases, direct, strict=True):
+        called = family.pixels(images)
+        assert fast.values.dtype == called.values.dtype == torch.float32
+        assert torch.equal(fast.values, called.values), name
+        assert fast.tokens_per_camera == called.tokens_per_camera
+        assert (fast.grid_thw is None) == (called.grid_thw is None)
+        assert fast.grid_thw is None or torch.equal(fast.grid_thw, called.grid_thw)
 
 
 def test_padding_is_masked(backbones: dict[str, Backbone]) -> None:
