@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from transformers import SiglipImageProcessor
 
 from backbone import families
 from backbone.feature import VLAFeature
@@ -105,6 +106,18 @@ def test_direct_pixels_equal_the_image_processors_own_call(backbones: dict[str, 
         assert fast.tokens_per_camera == called.tokens_per_camera
         assert (fast.grid_thw is None) == (called.grid_thw is None)
         assert fast.grid_thw is None or torch.equal(fast.grid_thw, called.grid_thw)
+
+
+@pytest.mark.parametrize("side", [40, 56, 97])
+def test_direct_pixels_of_a_resizing_processor(side: int) -> None:
+    """The presets' SigLIP processors do not resize (images come at the backbone's size); a
+    checkpoint's may: its resize, called directly, gives ``__call__``'s bits too."""
+    processor = SiglipImageProcessor(size={"height": 56, "width": 56}, image_mean=[0.5] * 3,
+                                     image_std=[0.5] * 3)
+    images = [np.random.default_rng(side).integers(0, 256, (side, side, 3), dtype=np.uint8) for _ in range(2)]
+    assert families.direct(processor)
+    called = processor(images=images, return_tensors="pt")["pixel_values"]
+    assert torch.equal(families.normalised(processor, images), called)
 
 
 def test_padding_is_masked(backbones: dict[str, Backbone]) -> None:
