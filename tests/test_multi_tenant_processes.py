@@ -61,6 +61,8 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
         assert cpu["cpu_device_s"] > 0 and cpu["cpu_env_s"] > 0
     assert "where the cores' time goes" in done.stdout
     assert all(run["steal_s"] >= 0 for run in result["runs"]) and "CPU stolen by the VM's host" in done.stdout
+    assert all(0 <= run["steal_share"] <= 1 for run in result["runs"])
+    assert "stolen, share of the CPUs' time" in done.stdout
     # fixed work per tenant: the same optimizer steps in both modes
     assert len({run["optimizer_steps"] for run in result["runs"]}) == 1
     ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
@@ -75,3 +77,28 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
     for trace in json.loads(path.read_text()):
         origin, spans = trace["forwards"]["origin_unix"], trace["spans"]
         assert started < origin + spans[0][0] < origin + max(end for _, end in spans) <= path.stat().st_mtime
+
+
+def test_a_run_the_vm_host_stole_more_from_one_mode_says_so() -> None:
+    from rich.console import Console
+
+    from benchmarks.multi_tenant import print_steal, steal_skew
+
+    def runs(isolated: list[float], shared: list[float]) -> list[dict]:
+        return ([{"mode": "isolated", "repeat": i, "steal_s": 2 * 100 * x, "steal_share": x}
+                 for i, x in enumerate(isolated)]
+                + [{"mode": "shared", "repeat": i, "steal_s": 2 * 100 * x, "steal_share": x}
+                   for i, x in enumerate(shared)])
+
+    def printed(r: list[dict]) -> str:
+        console = Console(record=True, width=200)
+        print_steal(console, r)
+        return console.export_text()
+
+    # the 2026-12-02 10:04 run's shares: isolated 6.2 / 2.7 / 12.7%, shared 2.5 / 2.8 / 4.1%
+    flattered = runs([0.062, 0.027, 0.127], [0.025, 0.028, 0.041])
+    assert steal_skew(flattered) == (0.062, 0.028)
+    assert "stole more from the isolated passes" in printed(flattered) and "flattered" in printed(flattered)
+    assert "understated" in printed(runs([0.01], [0.08]))
+    even = printed(runs([0.051, 0.050, 0.031], [0.054, 0.036, 0.044]))  # the 06:15 run's shares
+    assert "isolated 5.0%, shared 4.4%" in even and "warning" not in even
