@@ -94,7 +94,7 @@ MODES = ("isolated", "shared")
 METRICS = ("makespan_s", "device_time_s", "busy_train_s", "busy_inference_s", "busy_total_s",
            "busy_fraction_train", "busy_fraction_inference", "busy_fraction_total",
            "forwards_train", "forwards_inference", "busy_optimizer_s", "optimizer_steps",
-           "busy_training_service_s", "busy_fraction_training_service")
+           "busy_training_service_s", "busy_fraction_training_service", "steal_share")
 
 STEAL_SKEW = 0.03  # a gap in stolen shares between the modes that moves the saving by points
 BATCHING = ("inference_target_batch", "inference_max_wait_ms", "train_forward_budget_ms",
@@ -400,19 +400,13 @@ def print_cpu(console: Console, cpu: dict[str, dict[str, float]], affinity: dict
     console.print(table)
 
 
-def steal_skew(runs: list[dict[str, Any]]) -> tuple[float, float]:
-    """Median share of the CPUs' time the VM's host stole, (isolated, shared) passes."""
-    return tuple(statistics.median(r["steal_share"] for r in runs if r["mode"] == mode)
-                 for mode in ("isolated", "shared"))
-
-
-def print_steal(console: Console, runs: list[dict[str, Any]]) -> None:
+def print_steal(console: Console, runs: list[dict[str, Any]], medians: dict[str, dict[str, float]]) -> None:
     """Per pass, in run order: what the VM's host took from this machine's CPUs, and a warning
     when it took more from one mode than the other: on 2026-12-02 one commit measured 18.4-36.6%
     in five 1-repeat runs, and the figure moved with what the host stole from each pass."""
     console.print("CPU stolen by the VM's host per pass (both CPUs): "
                   + ", ".join(f"{r['mode']} {r['repeat'] + 1}: {r['steal_s']:.1f} s" for r in runs))
-    iso, shared = steal_skew(runs)
+    iso, shared = (medians[mode]["steal_share"] for mode in MODES)
     console.print(f"stolen, share of the CPUs' time (medians): isolated {iso:.1%}, shared {shared:.1%}")
     if abs(iso - shared) > STEAL_SKEW:
         more = "isolated" if iso > shared else "shared"
@@ -440,7 +434,7 @@ def print_table(console: Console, result: dict[str, Any], title: str) -> None:
         cells = []
         for mode in MODES:
             lo, hi = result["spread"][mode][m]
-            digits = 3 if m.startswith("busy_fraction") else 2
+            digits = 3 if m.startswith("busy_fraction") or m == "steal_share" else 2
             cells.append(f"{result['medians'][mode][m]:.{digits}f} [{lo:.{digits}f}-{hi:.{digits}f}]")
         ratio = result["ratios"][m]
         table.add_row(m, *cells, "-" if ratio is None else f"{ratio:.3f}")
@@ -507,7 +501,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 f"backbone {settings.backbone}, scenario {args.scenario}, "
                 f"{args.repeats} repeats (alternating order), warm-up first")
     print_cpu(console, result["cpu_medians"], settings.cpu_affinity)
-    print_steal(console, runs)
+    print_steal(console, runs, result["medians"])
     console.print(f"device time saved by sharing: {result['device_time_saving']:.1%} "
                   f"(paper: 28.3%, target: >= 40%)")
     fractions = result["medians"]

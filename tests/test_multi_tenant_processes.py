@@ -82,22 +82,22 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
 def test_a_run_the_vm_host_stole_more_from_one_mode_says_so() -> None:
     from rich.console import Console
 
-    from benchmarks.multi_tenant import print_steal, steal_skew
+    from benchmarks.multi_tenant import METRICS, print_steal, summarise
 
     def runs(isolated: list[float], shared: list[float]) -> list[dict]:
-        return ([{"mode": "isolated", "repeat": i, "steal_s": 2 * 100 * x, "steal_share": x}
-                 for i, x in enumerate(isolated)]
-                + [{"mode": "shared", "repeat": i, "steal_s": 2 * 100 * x, "steal_share": x}
-                   for i, x in enumerate(shared)])
+        return [{**dict.fromkeys(METRICS, 1.0), "mode": mode, "repeat": i, "steal_s": 2 * 100 * x,
+                 "steal_share": x} for mode, shares in (("isolated", isolated), ("shared", shared))
+                for i, x in enumerate(shares)]
 
     def printed(r: list[dict]) -> str:
         console = Console(record=True, width=200)
-        print_steal(console, r)
+        print_steal(console, r, summarise(r)["medians"])
         return console.export_text()
 
     # the 2026-12-02 10:04 run's shares: isolated 6.2 / 2.7 / 12.7%, shared 2.5 / 2.8 / 4.1%
     flattered = runs([0.062, 0.027, 0.127], [0.025, 0.028, 0.041])
-    assert steal_skew(flattered) == (0.062, 0.028)
+    medians = summarise(flattered)["medians"]
+    assert (medians["isolated"]["steal_share"], medians["shared"]["steal_share"]) == (0.062, 0.028)
     assert "stole more from the isolated passes" in printed(flattered) and "flattered" in printed(flattered)
     assert "understated" in printed(runs([0.01], [0.08]))
     even = printed(runs([0.051, 0.050, 0.031], [0.054, 0.036, 0.044]))  # the 06:15 run's shares
