@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 
 from backbone.gate import DeviceGate
 from backbone.info import BackboneInfo, describe, set_torch_threads
+from infra import reproducible
 from infra.jobbook import JobBook
+from infra.logging import get_logger
 from infra.settings import Settings
 from infra.tensor_store import TensorStore
 from tenants.policy_store import PolicyStore
@@ -28,12 +30,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Service", "describe_backbone", "load_backbone"]
 
+log = get_logger("consumers.service")
+
 
 def load_backbone(settings: Settings) -> Backbone:
     """The backbone ``settings.backbone`` names: a local HF checkpoint dir or a preset."""
     from backbone.model import Backbone  # transformers and its image stack: only where forwards run
 
     set_torch_threads(settings.torch_threads)
+    if why := reproducible.check():
+        log.warning("grouped forwards may differ from alone", reason=why)
     path = Path(settings.backbone).expanduser()
     if path.is_dir():
         return Backbone.load(path, settings.device, settings.dtype)
