@@ -172,7 +172,12 @@ async def test_a_finished_session_holds_nobody_back(backbones: dict[str, Backbon
     a, b = requests(2, words=4)
     async with batcher:
         await batcher.submit(a, source="s-a")  # nobody else was ever answered: complete alone
-        await asyncio.gather(batcher.submit(b, source="s-b"), batcher.submit(a, source="s-a"))
+        # s-b first, queued before s-a asks again: in one gather, whichever threaded prepare ended
+        # first went first, and s-a alone was a complete group that left s-b waiting for s-a
+        # forever (T and the window are frozen)
+        first = asyncio.create_task(batcher.submit(b, source="s-b"))
+        await wait_for(lambda: batcher.pending() == 1, what="s-b's request queued")
+        await asyncio.gather(first, batcher.submit(a, source="s-a"))
         waiting = asyncio.create_task(batcher.submit(a, source="s-a"))
         # its prepare runs in a thread: slow on a loaded machine
         await wait_for(lambda: batcher.pending() > 0, what="the request queued")
