@@ -29,8 +29,18 @@ class FakeClock:
 
 
 async def _settle() -> None:
-    for _ in range(50):  # let submit() reach its queue (it prepares in a thread)
+    for _ in range(50):  # give the batcher time to act (a wrong flush would happen here)
         await asyncio.sleep(0.01)
+
+
+async def _ask(batcher: GroupBatcher, request: VLARequest, source: str) -> asyncio.Task:
+    """Submit, wait until the request is queued (or already answered), then settle. Its prepare
+    runs in a thread, so without the wait a slow prepare let the next request overtake it."""
+    before = batcher.pending() + batcher.rows
+    task = asyncio.create_task(batcher.submit(request, source=source))
+    await wait_for(lambda: batcher.pending() + batcher.rows > before, what=f"{source}'s request queued")
+    await _settle()
+    return task
 
 
 async def test_flushes_when_a_bucket_reaches_b(backbones: dict[str, Backbone]) -> None:
@@ -48,6 +58,7 @@ async def test_flushes_when_the_oldest_waited_t(backbones: dict[str, Backbone]) 
     batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=50), clock)
     async with batcher:
         tasks = [asyncio.create_task(batcher.submit(r)) for r in requests(3, words=4)]
+        await wait_for(lambda: batcher.pending() + batcher.rows == 3, what="the requests queued")
         await _settle()
         assert not batcher.records and batcher.pending() == 3  # below B, T not reached
         clock.now += 0.049
@@ -113,7 +124,8 @@ class FlakyBackbone:
 async def test_a_forward_failure_is_isolated_to_its_culprit(backbones: dict[str, Backbone]) -> None:
     reqs = requests(4, words=4)
     reqs[1] = VLARequest("poison", reqs[1].images, reqs[1].instruction)
-    batcher = GroupBatcher(FlakyBackbone(backbones["tiny"]), BatcherConfig(target_batch=4))
+    # frozen clock: the four form one group (B) however far apart their threaded prepares end
+    batcher = GroupBatcher(FlakyBackbone(backbones["tiny"]), BatcherConfig(target_batch=4), FakeClock())
     async with batcher:
         results = await asyncio.gather(*(batcher.submit(r) for r in reqs), return_exceptions=True)
     assert isinstance(results[1], RuntimeError)
@@ -126,7 +138,7 @@ async def test_stop_drains_what_is_queued(backbones: dict[str, Backbone]) -> Non
     batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=1e6), clock)
     await batcher.start()
     tasks = [asyncio.create_task(batcher.submit(r)) for r in requests(3, words=4)]
-    await _settle()
+    await wait_for(lambda: batcher.pending() == 3, what="the requests queued")
     await batcher.stop()
     assert all(t.done() and not t.exception() for t in tasks)
     assert [r.reason for r in batcher.records] == ["drain"]
@@ -142,9 +154,7 @@ async def test_a_group_flushes_once_every_recently_answered_session_asked_again(
     a, b, c = requests(3, words=4)
 
     async def ask(*pairs: tuple[VLARequest, str]) -> list[asyncio.Task]:
-        tasks = [asyncio.create_task(batcher.submit(r, source=s)) for r, s in pairs]
-        await _settle()
-        return tasks
+        return [await _ask(batcher, r, s) for r, s in pairs]
 
     async with batcher:
         await batcher.submit(a, source="s-a")  # nobody else was ever answered: complete alone
@@ -175,13 +185,8 @@ async def test_a_finished_session_holds_nobody_back(backbones: dict[str, Backbon
         # s-b first, queued before s-a asks again: in one gather, whichever threaded prepare ended
         # first went first, and s-a alone was a complete group that left s-b waiting for s-a
         # forever (T and the window are frozen)
-        first = asyncio.create_task(batcher.submit(b, source="s-b"))
-        await wait_for(lambda: batcher.pending() == 1, what="s-b's request queued")
-        await asyncio.gather(first, batcher.submit(a, source="s-a"))
-        waiting = asyncio.create_task(batcher.submit(a, source="s-a"))
-        # its prepare runs in a thread: slow on a loaded machine
-        await wait_for(lambda: batcher.pending() > 0, what="the request queued")
-        await _settle()
+        await asyncio.gather(await _ask(batcher, b, "s-b"), batcher.submit(a, source="s-a"))
+        waiting = await _ask(batcher, a, "s-a")
         assert batcher.pending() == 1  # s-b was answered just now: it is expected back
         batcher.forget("s-b")  # its session ended
         await asyncio.wait_for(waiting, 10)  # without forget: never (T and the window are frozen)
@@ -225,9 +230,7 @@ async def test_a_group_does_not_wait_t_for_sessions_due_after_it(backbones: dict
     a, b = requests(2, words=4)
 
     async def ask(request: VLARequest, source: str) -> asyncio.Task:
-        task = asyncio.create_task(batcher.submit(request, source=source))
-        await _settle()
-        return task
+        return await _ask(batcher, request, source)
 
     async with batcher:
         await batcher.submit(a, source="s-a")  # t = 0: alone, complete
