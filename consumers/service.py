@@ -71,7 +71,7 @@ class Service:
     @classmethod
     async def open(cls, settings: Settings, backbone: Backbone | None = None, *,
                    load: bool = True) -> Service:
-        book = JobBook(settings)
+        book = JobBook(settings, settle_s=settings.read_model_settle_ms / 1000)
         await book.start()
         tensors = TensorStore(settings.tensor_dir, settings.tensor_inline_max_bytes)
         if backbone is None and load:

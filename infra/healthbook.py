@@ -145,7 +145,8 @@ class HealthView:
         self.lookback_s = lookback_s
         self.on_event = on_event
         self.topic = shared_topic(settings, "health")
-        self.follower = TopicFollower(settings, self.topic, self._apply, name=name, seek=self._seek)
+        self.follower = TopicFollower(settings, self.topic, self._apply, name=name, seek=self._seek,
+                                      settle_s=settings.read_model_settle_ms / 1000)
 
     def _apply(self, event: ev.Event, record: ConsumerRecord) -> None:
         self.book.apply(event, record)

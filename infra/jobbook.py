@@ -24,11 +24,12 @@ __all__ = ["JobBook"]
 class JobBook:
     """Every job of every tenant, kept current from the log (``start`` / ``stop``)."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, settle_s: float = 0.0):
+        """``settle_s``: see ``infra.follow``; the roles' books settle, a client's follows at once."""
         self.settings = settings
         self.jobs: dict[tuple[str, str], JobState] = {}
         self.follower = TopicFollower(settings, tenant_stream_pattern(settings, "jobs|status|sessions"),
-                                      self._apply, name="jobbook")
+                                      self._apply, name="jobbook", settle_s=settle_s)
 
     async def start(self) -> None:
         await self.follower.start()

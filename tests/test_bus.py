@@ -150,6 +150,48 @@ async def test_a_followers_caught_up_waits_for_every_partition_of_a_new_topic(se
         assert sorted(got) == list(range(1, partitions))
 
 
+async def test_a_settling_follower_reads_a_busy_topic_in_few_fetches(settings: Settings, unique: str) -> None:
+    """A read model with ``settle_s`` (the roles' job books and health views) reads a topic that
+    gets a record every 25 ms in about one fetch cycle per ``settle_s``, not one per record, and
+    loses none of them."""
+    tenant = f"settle-{unique}"
+    topic = tenant_topic(settings, tenant, "status")
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_tenant(tenant)
+    got: list[int] = []
+    follower = TopicFollower(settings, rf"nexus\.t\.{tenant}\.status",
+                             lambda event, record: got.append(event.sequence), name="settle", settle_s=0.5)
+    async with follower, EventProducer(settings) as producer:
+        await follower.caught_up([topic], timeout_s=15.0)  # subscribed and assigned
+        before = follower.reads
+        for i in range(40):
+            await producer.send(topic, heartbeat(i, tenant), key=tenant)
+            await asyncio.sleep(0.025)
+        await wait_for(lambda: len(got) == 40, timeout_s=10.0)
+        reads = follower.reads - before
+    assert got == list(range(40))
+    assert reads <= 8, f"{reads} fetch cycles for 40 records over ~1.2 s at settle_s=0.5"
+
+
+async def test_caught_up_does_not_wait_for_a_settling_follower(settings: Settings, unique: str) -> None:
+    """Read-your-writes waits for no settling: a follower that would let records gather for a
+    minute still shows a caller its own write as soon as it is fetched."""
+    tenant = f"hurry-{unique}"
+    topic = tenant_topic(settings, tenant, "status")
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_tenant(tenant)
+    got: list[int] = []
+    follower = TopicFollower(settings, rf"nexus\.t\.{tenant}\.status",
+                             lambda event, record: got.append(event.sequence), name="hurry", settle_s=60.0)
+    async with follower, EventProducer(settings) as producer:
+        await follower.caught_up([topic], timeout_s=15.0)
+        await producer.send(topic, heartbeat(1, tenant), key=tenant)
+        await wait_for(lambda: got == [1], timeout_s=10.0)  # a quiet topic's record: read at once
+        await producer.send(topic, heartbeat(2, tenant), key=tenant)  # the follower settles now
+        await follower.caught_up([topic], timeout_s=10.0)
+        assert got == [1, 2]
+
+
 async def test_slow_sync_handler_does_not_starve_heartbeats(settings: Settings, unique: str) -> None:
     """A plain-function handler busy for longer than the session timeout runs in a
     thread, so the member keeps heartbeating: no rebalance, and its commit succeeds."""
