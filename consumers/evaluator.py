@@ -12,6 +12,7 @@ a slot for training and never writes to the policy store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import numpy as np
 
@@ -76,11 +77,19 @@ class EvaluatorRole:
         await self.producer.stop()
 
     async def run(self, stop: asyncio.Event) -> None:
+        settle = self.settings.read_model_settle_ms / 1000
         while not stop.is_set():
+            read = self.reader.read
             await self.reader.poll()
             await self._advance()
             self._score_datasets()
             await self.reader.commit()
+            if settle and self.reader.read > read:
+                # Every tenant's training rollouts go by, one transaction an episode: reading them
+                # in bulk costs one fetch cycle per settle instead of one per episode; an
+                # evaluation's result comes at most two settles later.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), settle)
 
     def _score_datasets(self) -> None:
         """Held-out dataset evaluations: no sessions, the evaluator scores them itself."""

@@ -74,8 +74,8 @@ class Settings(BaseSettings):
     # 4.3 ms of client CPU at 114 topics (2026-12-01). A follower that must see a topic now
     # (TopicFollower.caught_up) asks at once instead of waiting for the next read.
     pattern_refresh_ms: int = Field(5_000, ge=100)
-    # How long the roles' read models (the job book, the health view) let records gather before
-    # they read again (infra/follow.py, settle_s). Every fetch cycle names every assigned partition
+    # How long the roles' read models (the job book, the health view) and the evaluator's rollouts
+    # reader let records gather before they read again (infra/follow.py, settle_s). Every fetch cycle names every assigned partition
     # (28 tenants: 140 for the job book); at one cycle per record or two, one job book cost 1.5% of
     # a core in a benchmark's shared pass (~1.7 ms a cycle), and six processes keep one. A caller
     # that must see its own write (``caught_up``, ``JobBook.sync``) waits for no settling.
