@@ -104,6 +104,8 @@ class GroupBatcher:
         # totals over every group ever, kept as they come: heartbeats report them, and summing the
         # records instead cost a walk over up to 100k of them every 2 s
         self.groups = self.rows = self.group_tenants = 0
+        self.by_reason: dict[str, int] = {}  # groups per flush reason: what a group waited for
+        self.waited_s = 0.0  # summed over groups: how long each one's oldest request waited
         self._buckets: dict[BucketKey, deque[_Pending]] = {}
         self._answered: dict[BucketKey, dict[str, float]] = {}  # source -> when last answered
         self._round_trip: dict[str, float] = {}  # source -> its last answer-to-next-request seconds
@@ -263,6 +265,8 @@ class GroupBatcher:
         self.groups += 1
         self.rows += record.size
         self.group_tenants += len(set(record.tenants))
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
+        self.waited_s += wait_s
         if self.on_group:
             self.on_group(record)
 

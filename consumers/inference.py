@@ -160,6 +160,8 @@ class InferenceRole:
                      "repeats": self.repeats,
                      "mean_group_size": round(batcher.rows / n, 3),
                      "mean_group_tenants": round(batcher.group_tenants / n, 3),
+                     "mean_group_wait_ms": round(1000 * batcher.waited_s / n, 2),
+                     **{f"groups_{reason}": count for reason, count in sorted(batcher.by_reason.items())},
                      # the device gate of this process: inference and training share it
                      "busy_inference_s": round(gate.busy_s["inference"], 3),
                      "busy_train_s": round(gate.busy_s["train"], 3),

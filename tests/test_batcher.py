@@ -51,6 +51,7 @@ async def test_flushes_when_a_bucket_reaches_b(backbones: dict[str, Backbone]) -
         feats = await asyncio.gather(*(batcher.submit(r) for r in requests(8, words=4)))
     assert len(feats) == 8
     assert [(r.size, r.reason) for r in batcher.records] == [(4, "full"), (4, "full")]
+    assert batcher.by_reason == {"full": 2}
 
 
 async def test_flushes_when_the_oldest_waited_t(backbones: dict[str, Backbone]) -> None:
@@ -70,6 +71,8 @@ async def test_flushes_when_the_oldest_waited_t(backbones: dict[str, Backbone]) 
         await asyncio.gather(*tasks)
     assert [(r.size, r.reason) for r in batcher.records] == [(3, "timeout")]
     assert batcher.records[0].wait_s == pytest.approx(0.051)
+    # the totals a heartbeat reports (consumers/inference.py): groups per reason, summed waits
+    assert batcher.by_reason == {"timeout": 1} and batcher.waited_s == pytest.approx(0.051)
 
 
 async def test_never_loses_or_reorders(backbones: dict[str, Backbone]) -> None:
