@@ -9,7 +9,12 @@ role, each machine's supervisor and ``joynexus health``. The rules, in one place
   declare a live instance dead;
 * HUNG: heartbeats go on, but the instance has made no progress for
   ``stall_timeout_s`` while work waits for it (consumer lag, or work it holds),
-  measured on the sender's clock (its beat time minus its last progress);
+  measured on the sender's clock (its beat time minus its last progress), and only
+  over time it was seen running: a gap of more than ``pause_s`` between two of its
+  beats (its own clock) starts the count afresh. Such a gap is a pause of the sender
+  (the whole machine: a VM held by its host, a suspended laptop), during which no
+  process progresses; a sender whose loop was blocked that long on a live machine
+  was silent too, and is judged DEAD by a reader that watched the silence;
 * an instance whose last beat said STOPPING left cleanly: never judged.
 
 A verdict is given once per (instance, pid): the next one needs a new process.
@@ -51,6 +56,7 @@ class InstanceState:
     lag: int = -1
     pending: int = 0
     progress_at: datetime | None = None
+    resumed_at: datetime | None = None  # the sender's first beat after its last pause
     restarts: int = 0
     details: dict[str, str] = field(default_factory=dict)
     verdict: str | None = None  # DEAD / HUNG once judged, for this pid
@@ -66,6 +72,8 @@ class InstanceState:
     def stalled_s(self) -> float:
         """Seconds without progress, by the sender's own clock."""
         since = self.progress_at or self.first_beat_at
+        if self.resumed_at is not None and self.resumed_at > since:
+            since = self.resumed_at
         return (self.beat_at - since).total_seconds()
 
 
@@ -79,8 +87,10 @@ class Verdict:
 class HealthBook:
     """Latest state per (role, instance); ``verdicts`` applies the rules above."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, pause_s: float = 8.0):
+        """``pause_s``: a gap between one sender's beats longer than this is a pause (see above)."""
         self.clock = clock
+        self.pause_s = pause_s
         self.instances: dict[tuple[str, str], InstanceState] = {}
         self.restarts: list[ev.InstanceRestarted] = []
         self.verdict_events: list[ev.InstanceVerdict] = []
@@ -100,12 +110,19 @@ class HealthBook:
         key = (beat.role, beat.instance_id)
         old = self.instances.get(key)
         same_process = old is not None and old.pid == beat.pid and old.host == beat.host
+        resumed_at = old.resumed_at if same_process else None
+        if same_process and (beat.envelope.occurred_at - old.beat_at).total_seconds() > self.pause_s:
+            resumed_at = beat.envelope.occurred_at
+            log.warning("instance was paused; its stall count starts again", role=beat.role,
+                        instance=beat.instance_id, pid=beat.pid,
+                        gap_s=round((beat.envelope.occurred_at - old.beat_at).total_seconds(), 1))
         self.instances[key] = InstanceState(
             role=beat.role, instance_id=beat.instance_id, host=beat.host, pid=beat.pid,
             status=beat.status.value, beat_at=beat.envelope.occurred_at, read_at=self.clock(),
             first_beat_at=old.first_beat_at if same_process else beat.envelope.occurred_at,
             partitions=tuple(beat.partitions), lag=beat.lag, pending=beat.pending,
-            progress_at=beat.progress_at, restarts=beat.restarts, details=dict(beat.details),
+            progress_at=beat.progress_at, resumed_at=resumed_at, restarts=beat.restarts,
+            details=dict(beat.details),
             verdict=old.verdict if same_process else None,
         )
 
@@ -141,7 +158,7 @@ class HealthView:
     def __init__(self, settings: Settings, lookback_s: float = 60.0, name: str = "health",
                  on_event: Callable[[ev.Event], None] | None = None):
         self.settings = settings
-        self.book = HealthBook()
+        self.book = HealthBook(pause_s=settings.health_timeout_s)
         self.lookback_s = lookback_s
         self.on_event = on_event
         self.topic = shared_topic(settings, "health")

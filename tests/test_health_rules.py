@@ -56,6 +56,24 @@ def test_stalled_with_work_waiting_is_hung_idle_is_not() -> None:
     assert book.verdicts(health_timeout_s=8, stall_timeout_s=60) == []
 
 
+def test_a_paused_machine_is_not_hung_by_its_pause() -> None:
+    """A VM held by its host for 2 minutes stopped every process at once (2026-12-03: the broker
+    and every role silent for 130 s); the first beats after it showed 135 s without progress, and
+    the optimizer was killed as HUNG. A gap in a sender's beats is not time it was seen stalling."""
+    clock = Clock()
+    book = HealthBook(clock, pause_s=8)
+    for seq in range(5):  # work waits, no progress since 0 s
+        book.apply(beat(seq, lag=5, progress_s=0))
+    book.apply(beat(70, lag=5, progress_s=0))  # 132 s later by its own clock: paused
+    assert book.verdicts(health_timeout_s=8, stall_timeout_s=60) == []
+    for seq in range(71, 100):  # 58 s more, seen running, still no progress
+        book.apply(beat(seq, lag=5, progress_s=0))
+    assert book.verdicts(health_timeout_s=8, stall_timeout_s=60) == []
+    book.apply(beat(101, lag=5, progress_s=0))  # 62 s seen without progress: hung after all
+    (verdict,) = book.verdicts(health_timeout_s=8, stall_timeout_s=60)
+    assert verdict.verdict == "HUNG" and "62.0" in verdict.reason
+
+
 def test_a_clean_stop_is_never_judged() -> None:
     clock = Clock()
     book = HealthBook(clock)
