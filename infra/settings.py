@@ -75,10 +75,11 @@ class Settings(BaseSettings):
     # (TopicFollower.caught_up) asks at once instead of waiting for the next read.
     pattern_refresh_ms: int = Field(5_000, ge=100)
     # How long the roles' read models (the job book, the health view) and the evaluator's rollouts
-    # reader let records gather before they read again (infra/follow.py, settle_s). Every fetch cycle names every assigned partition
-    # (28 tenants: 140 for the job book); at one cycle per record or two, one job book cost 1.5% of
-    # a core in a benchmark's shared pass (~1.7 ms a cycle), and six processes keep one. A caller
-    # that must see its own write (``caught_up``, ``JobBook.sync``) waits for no settling.
+    # reader let records gather before they read again (infra/follow.py, settle_s). Every fetch
+    # cycle names every assigned partition (28 tenants: 140 for the job book); at one cycle per
+    # record or two, one job book cost 1.5% of a core in a benchmark's shared pass (~1.7 ms a
+    # cycle), and six processes keep one. A caller that must see its own write (``caught_up``,
+    # ``JobBook.sync``) waits for no settling.
     read_model_settle_ms: int = Field(500, ge=0)
 
     # --- security (infra/connection.py builds every client's options from these)
