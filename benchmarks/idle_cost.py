@@ -39,7 +39,8 @@ async def measure(device, window_s: float) -> tuple[dict[str, float], float]:
     before, stolen, began = device.cpu(), steal_seconds(), time.monotonic()
     await asyncio.sleep(window_s)
     after, took = device.cpu(), time.monotonic() - began
-    shares = {k.removeprefix("cpu_").removesuffix("_s"): (after[k] - before[k]) / took for k in after}
+    shares = {k.removeprefix("cpu_").removesuffix("_s"): (after[k] - before[k]) / took
+              for k in after if k.startswith("cpu_")}
     return shares, (steal_seconds() - stolen) / took
 
 

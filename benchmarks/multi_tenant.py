@@ -172,6 +172,25 @@ def cpu_seconds(pid: int | None) -> float:
     return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def runqueue_seconds(pid: int | None) -> float:
+    """Seconds the threads of process ``pid`` were runnable but waiting for a CPU (the second field
+    of each ``/proc/<pid>/task/<tid>/schedstat``; 0: gone, None, or no schedstats): how long it
+    queued behind other processes of its core. Threads that already exited are not counted."""
+    if pid is None:
+        return 0.0
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
 class ProcessDevice:
     """The device host of a ``ProcessSupervisor``, seen from this process: busy seconds and forwards
     per queue from the forwards it appends to its timeline file, on a clock of Unix seconds since
@@ -214,11 +233,12 @@ class ProcessDevice:
         tenants' client) included: where the cores' time goes. A restart resets its process's
         count (``process_restarts`` says whether one happened)."""
         out: dict[str, float] = {}
-        for inst in self.supervisor.instances:
-            key = f"cpu_{inst.kind}_s"
-            out[key] = out.get(key, 0.0) + cpu_seconds(inst.pid)
-        out["cpu_broker_s"] = cpu_seconds(self.broker.pid()) if self.broker else 0.0
-        out["cpu_client_s"] = cpu_seconds(os.getpid())
+        broker = self.broker.pid() if self.broker else None
+        pids = [(inst.kind, inst.pid) for inst in self.supervisor.instances]
+        for kind, pid in [*pids, ("broker", broker), ("client", os.getpid())]:
+            for key, value in ((f"cpu_{kind}_s", cpu_seconds(pid)),
+                               (f"rqwait_{kind}_s", runqueue_seconds(pid))):
+                out[key] = out.get(key, 0.0) + value
         return out
 
     async def _heartbeat_after(self, unix: float) -> dict[str, str]:
@@ -380,25 +400,32 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "device_time_saving": 1 - ratios["device_time_s"]}
 
 
-def cpu_medians(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per mode: median CPU seconds per process kind (``processes`` deployment; empty in-process)."""
-    kinds = sorted({k for r in runs for k in r if k.startswith("cpu_")})
+def cpu_medians(runs: list[dict[str, Any]], prefix: str = "cpu_") -> dict[str, dict[str, float]]:
+    """Per mode: median CPU seconds per process kind (``processes`` deployment; empty in-process), or
+    with ``prefix="rqwait_"`` the seconds each kind waited for a CPU."""
+    kinds = sorted({k for r in runs for k in r if k.startswith(prefix)})
     return {mode: {k: statistics.median(r.get(k, 0.0) for r in runs if r["mode"] == mode) for k in kinds}
             for mode in MODES}
 
 
-def print_cpu(console: Console, cpu: dict[str, dict[str, float]], affinity: dict[str, list[int]]) -> None:
+def print_cpu(console: Console, cpu: dict[str, dict[str, float]], affinity: dict[str, list[int]],
+              wait: dict[str, dict[str, float]] | None = None) -> None:
     kinds = list(cpu["isolated"])
     if not kinds:
         return
+    wait = wait or {"isolated": {}, "shared": {}}
     table = Table("process kind", "isolated CPU s (median)", "shared CPU s (median)", "shared / isolated",
+                  "waited for a CPU, s: isolated / shared",
                   title="where the cores' time goes (CPUs: " + ", ".join(
                       f"{kind} {cpus}" for kind, cpus in affinity.items()) + ")")
     for k in [*kinds, "total"]:
+        name = k.removeprefix("cpu_").removesuffix("_s")
         iso = sum(cpu["isolated"].values()) if k == "total" else cpu["isolated"][k]
         sha = sum(cpu["shared"].values()) if k == "total" else cpu["shared"][k]
-        table.add_row(k.removeprefix("cpu_").removesuffix("_s"), f"{iso:.1f}", f"{sha:.1f}",
-                      f"{sha / iso:.3f}" if iso else "-")
+        waits = [sum(wait[m].values()) if k == "total" else wait[m].get(f"rqwait_{name}_s", 0.0)
+                 for m in MODES]
+        table.add_row(name, f"{iso:.1f}", f"{sha:.1f}", f"{sha / iso:.3f}" if iso else "-",
+                      " / ".join(f"{w:.1f}" for w in waits))
     console.print(table)
 
 
@@ -498,11 +525,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               "feature_cache_scope": settings.feature_cache_scope,
               "batching": {k: getattr(settings, k) for k in BATCHING}, **summarise(runs),
               "bit_identical": same, "cpu_medians": cpu_medians(runs),
+              "runqueue_wait_medians": cpu_medians(runs, "rqwait_"),
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
     print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "
                 f"backbone {settings.backbone}, scenario {args.scenario}, "
                 f"{args.repeats} repeats (alternating order), warm-up first")
-    print_cpu(console, result["cpu_medians"], settings.cpu_affinity)
+    print_cpu(console, result["cpu_medians"], settings.cpu_affinity, result["runqueue_wait_medians"])
     print_steal(console, runs, result["medians"])
     console.print(f"device time saved by sharing: {result['device_time_saving']:.1%} "
                   f"(paper: 28.3%, target: >= 40%)")

@@ -59,6 +59,12 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
         cpu = result["cpu_medians"][mode]
         assert {"cpu_device_s", "cpu_env_s", "cpu_optimizer_s", "cpu_client_s"} <= cpu.keys()
         assert cpu["cpu_device_s"] > 0 and cpu["cpu_env_s"] > 0
+        # and the seconds each kind waited for a CPU (run queue, /proc/<pid>/task/*/schedstat)
+        waits = result["runqueue_wait_medians"][mode]
+        assert {k.replace("cpu_", "rqwait_", 1) for k in cpu} == waits.keys()
+        assert all(w >= 0 for w in waits.values())
+        if Path("/proc/self/schedstat").exists():  # a kernel with schedstats: some process queued
+            assert sum(waits.values()) > 0
     assert "where the cores' time goes" in done.stdout
     assert all(run["steal_s"] >= 0 for run in result["runs"]) and "CPU stolen by the VM's host" in done.stdout
     assert all(0 <= run["steal_share"] <= 1 for run in result["runs"])
