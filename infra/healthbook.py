@@ -111,11 +111,11 @@ class HealthBook:
         old = self.instances.get(key)
         same_process = old is not None and old.pid == beat.pid and old.host == beat.host
         resumed_at = old.resumed_at if same_process else None
-        if same_process and (beat.envelope.occurred_at - old.beat_at).total_seconds() > self.pause_s:
+        gap_s = (beat.envelope.occurred_at - old.beat_at).total_seconds() if same_process else 0.0
+        if gap_s > self.pause_s:
             resumed_at = beat.envelope.occurred_at
             log.warning("instance was paused; its stall count starts again", role=beat.role,
-                        instance=beat.instance_id, pid=beat.pid,
-                        gap_s=round((beat.envelope.occurred_at - old.beat_at).total_seconds(), 1))
+                        instance=beat.instance_id, pid=beat.pid, gap_s=round(gap_s, 1))
         self.instances[key] = InstanceState(
             role=beat.role, instance_id=beat.instance_id, host=beat.host, pid=beat.pid,
             status=beat.status.value, beat_at=beat.envelope.occurred_at, read_at=self.clock(),
