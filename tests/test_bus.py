@@ -150,17 +150,24 @@ async def test_a_followers_caught_up_waits_for_every_partition_of_a_new_topic(se
         assert sorted(got) == list(range(1, partitions))
 
 
-async def test_a_settling_follower_reads_a_busy_topic_in_few_fetches(settings: Settings, unique: str) -> None:
-    """A read model with ``settle_s`` (the roles' job books and health views) reads a topic that
-    gets a record every 25 ms in about one fetch cycle per ``settle_s``, not one per record, and
-    loses none of them."""
-    tenant = f"settle-{unique}"
+async def _status_follower(settings: Settings, tenant: str, settle_s: float
+                           ) -> tuple[str, list[int], TopicFollower]:
+    """A new tenant's status topic, and a follower of it that collects each heartbeat's sequence."""
     topic = tenant_topic(settings, tenant, "status")
     async with TopicAdmin(settings) as admin:
         await admin.ensure_tenant(tenant)
     got: list[int] = []
     follower = TopicFollower(settings, rf"nexus\.t\.{tenant}\.status",
-                             lambda event, record: got.append(event.sequence), name="settle", settle_s=0.5)
+                             lambda event, record: got.append(event.sequence), name=tenant, settle_s=settle_s)
+    return topic, got, follower
+
+
+async def test_a_settling_follower_reads_a_busy_topic_in_few_fetches(settings: Settings, unique: str) -> None:
+    """A read model with ``settle_s`` (the roles' job books and health views) reads a topic that
+    gets a record every 25 ms in about one fetch cycle per ``settle_s``, not one per record, and
+    loses none of them."""
+    tenant = f"settle-{unique}"
+    topic, got, follower = await _status_follower(settings, tenant, settle_s=0.5)
     async with follower, EventProducer(settings) as producer:
         await follower.caught_up([topic], timeout_s=15.0)  # subscribed and assigned
         before = follower.reads
@@ -177,12 +184,7 @@ async def test_caught_up_does_not_wait_for_a_settling_follower(settings: Setting
     """Read-your-writes waits for no settling: a follower that would let records gather for a
     minute still shows a caller its own write as soon as it is fetched."""
     tenant = f"hurry-{unique}"
-    topic = tenant_topic(settings, tenant, "status")
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_tenant(tenant)
-    got: list[int] = []
-    follower = TopicFollower(settings, rf"nexus\.t\.{tenant}\.status",
-                             lambda event, record: got.append(event.sequence), name="hurry", settle_s=60.0)
+    topic, got, follower = await _status_follower(settings, tenant, settle_s=60.0)
     async with follower, EventProducer(settings) as producer:
         await follower.caught_up([topic], timeout_s=15.0)
         await producer.send(topic, heartbeat(1, tenant), key=tenant)
