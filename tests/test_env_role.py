@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.structs import TopicPartition
 
 from consumers.bus.loop import ConsumeLoop
 from consumers.bus.protocols import RecordContext
@@ -327,3 +328,48 @@ async def test_a_killed_env_worker_loses_no_episode_and_repeats_none(settings: S
 
 async def _is(value, expected) -> bool:
     return await value == expected
+
+
+async def test_a_tenant_deleted_under_a_running_worker_stops_nothing_else(settings: Settings,
+                                                                           unique: str) -> None:
+    """``tenant delete`` while the env role runs another tenant's session. A deleted tenant's
+    partitions can be in an assignment made from metadata older than the deletion; asking for their
+    offsets (aiokafka retries for a whole request timeout, 40 s) kept the rebalance listener past
+    the group session, the worker was expelled, and every other session stalled."""
+    calm, doomed = f"del0-{unique}", f"del1-{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        await admin.ensure_tenant(calm)
+        await admin.ensure_tenant(doomed)
+    source = ActionSource(settings, rf"^nexus\.t\.del\d-{unique}\.observations$", 2, f"act-{unique}")
+    worker = EnvWorker(settings, simulator_for, worker_id=f"w-{unique}", group_id=f"env-{unique}",
+                       tenants=rf"del\d-{unique}")
+    request = session_request(calm, f"{calm}-s0", "joynexus/Reach-v0", 30, 10)
+
+    async def done() -> bool:
+        sessions = await episodes_by_session(settings, calm)
+        return len(sessions.get(request.session_id, {})) == request.episodes
+
+    async with running(source), running(worker), TopicAdmin(settings) as admin:
+        # the offsets of a deleted topic's partition, asked for as the listener asks: in bounded
+        # time, the partition left out, the others answered
+        gone = TopicPartition(tenant_topic(settings, doomed, "sessions"), 0)
+        alive = TopicPartition(tenant_topic(settings, calm, "sessions"), 0)
+        await admin.delete_tenant(doomed)
+        await wait_for(lambda: not {tp.topic for tp in worker.consumer.assignment()} & {gone.topic},
+                       timeout_s=60, what="the deleted tenant's partitions revoked")
+        assert set(await worker._end_offsets([gone, alive])) == {alive} and gone in worker._gone
+        # the tenant made and deleted over and over (each a rebalance of the worker's group) while
+        # the other tenant's session runs: it ends, every episode whole, no action late
+        await request_sessions(settings, [request])
+        deadline = asyncio.get_running_loop().time() + 240
+        while not await done():
+            assert asyncio.get_running_loop().time() < deadline, "the session did not end"
+            await admin.ensure_tenant(doomed)
+            await asyncio.sleep(settings.pattern_refresh_ms / 1000)
+            await admin.delete_tenant(doomed)
+            await asyncio.sleep(0.5)
+    sessions = await episodes_by_session(settings, calm)
+    assert sorted(sessions[request.session_id], key=lambda e: int(e.rsplit("/", 1)[1])) == \
+        [f"{request.session_id}/{k}" for k in range(request.episodes)]
+    assert worker.late_actions == 0

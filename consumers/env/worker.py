@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from aiokafka import ConsumerRebalanceListener
 from aiokafka.coordinator.assignors.range import RangePartitionAssignor
-from aiokafka.errors import IllegalStateError
+from aiokafka.errors import IllegalStateError, KafkaError
 from aiokafka.structs import TopicPartition
 
 from consumers.bus.loop import make_consumer
@@ -58,6 +58,7 @@ REVOKE_WAIT_S = 5.0  # how long a revoked session gets to end before the rebalan
 GROUP = "env"
 ACTION_WAITS_KEPT = 2000  # the heartbeat's action-wait percentiles are over the latest steps
 POSITION_WAIT_S = 0.2  # per partition and loop turn; aiokafka's position() alone waits up to 40 s
+SETUP_WAIT_S = 2.0  # for the end offsets of newly assigned sessions partitions (in the listener)
 
 
 def progress_key(session_id: str) -> str:
@@ -112,6 +113,7 @@ class EnvWorker:
         self._waiting: dict[tuple[str, str, int], asyncio.Future] = {}
         self._early: dict[tuple[str, str, int], ev.Action] = {}
         self._set_up: set[TopicPartition] = set()  # positioned by _setup_partitions since assigned
+        self._gone: set[TopicPartition] = set()  # assigned, but their topics were deleted
 
     # ------------------------------------------------------------------ life cycle
     async def start(self) -> None:
@@ -160,7 +162,8 @@ class EnvWorker:
                     self._dispatch(stream, tp, record)
             for tp, end in list(self._folding.items()):
                 # position, not the last record: transaction markers occupy offsets too
-                if tp not in self.consumer.assignment() or await self.consumer.position(tp) >= end:
+                position = await self._position(tp) if tp in self.consumer.assignment() else end
+                if position is not None and position >= end:
                     del self._folding[tp]
             await self._set_up_missed()
             await self._resolve_positions()
@@ -327,7 +330,7 @@ class EnvWorker:
 
     async def _set_up_missed(self) -> None:
         """Partitions a rebalance listener could not position (the assignment moved under it)."""
-        missed = self.consumer.assignment() - self._set_up
+        missed = self.consumer.assignment() - self._set_up - self._gone
         if missed:
             try:
                 await self._setup_partitions(missed)
@@ -346,12 +349,45 @@ class EnvWorker:
         sessions = [tp for tp in partitions if parse_topic(tp.topic).stream == "sessions"]
         actions = [tp for tp in partitions if tp not in sessions]
         if sessions:
-            ends = await self.consumer.end_offsets(sessions)
-            await self.consumer.seek_to_beginning(*sessions)
-            self._folding.update({tp: end for tp, end in ends.items() if end > 0})
+            ends = await self._end_offsets(sessions)
+            if ends:
+                await self.consumer.seek_to_beginning(*ends)
+                self._folding.update({tp: end for tp, end in ends.items() if end > 0})
         if actions:
             await self.consumer.seek_to_end(*actions)
             self._to_position.update(actions)  # resolved by the main loop, where heartbeats flow
+
+    async def _end_offsets(self, sessions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """End offsets of the sessions partitions whose topics still exist, in bounded time.
+
+        A tenant deleted while the group rebalanced can be in the assignment (the leader's metadata
+        was older than the deletion), and aiokafka asks for a deleted partition's offsets for a whole
+        request timeout (40 s; the worker was expelled from its group meanwhile): such partitions are
+        left out (``_gone``) until the next rebalance takes them away. Partitions whose offsets are
+        only slow are left to the main loop (``_set_up_missed``)."""
+        existing = await self.consumer.topics()  # a fresh read of the cluster's metadata
+        gone = {tp for tp in sessions if tp.topic not in existing}
+        if gone:
+            log.info("partitions of deleted topics left out", topics=sorted({tp.topic for tp in gone}))
+            self._gone |= gone
+        alive = [tp for tp in sessions if tp not in gone]
+        if not alive:
+            return {}
+        try:
+            return await asyncio.wait_for(self.consumer.end_offsets(alive), SETUP_WAIT_S)
+        except (TimeoutError, KafkaError) as exc:  # deleted since, or only slow: asked again
+            log.warning("sessions partitions' end offsets not read; the main loop asks again",
+                        partitions=len(alive), error_class=type(exc).__name__)
+            self._set_up -= set(alive)
+            return {}
+
+    async def _position(self, tp: TopicPartition) -> int | None:
+        """The partition's position, None if not known within POSITION_WAIT_S (a reset pending, or
+        its topic deleted, where aiokafka's position() alone waits a whole request timeout)."""
+        try:
+            return await asyncio.wait_for(self.consumer.position(tp), POSITION_WAIT_S)
+        except (TimeoutError, IllegalStateError):
+            return None
 
     async def _resolve_positions(self) -> None:
         """Actions partitions sought to their end become ready once "end" is a number, so no
@@ -361,9 +397,7 @@ class EnvWorker:
             if tp not in self.consumer.assignment():
                 self._to_position.discard(tp)
                 continue
-            try:
-                await asyncio.wait_for(self.consumer.position(tp), POSITION_WAIT_S)
-            except (TimeoutError, IllegalStateError):
+            if await self._position(tp) is None:
                 continue
             self._to_position.discard(tp)
             self._actions_ready.add(tp)
@@ -384,6 +418,7 @@ class EnvWorker:
                 self._home.pop(sid, None)
         for tp in revoked:
             self._set_up.discard(tp)
+            self._gone.discard(tp)
             self._folding.pop(tp, None)
             self._actions_ready.discard(tp)
             self._to_position.discard(tp)
