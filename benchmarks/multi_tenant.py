@@ -27,7 +27,12 @@ measured).
 First a warm-up (the scenario once, shared, not counted: it pays the one-off
 costs such as importing ManiSkill and building the backbone), then ``--repeats``
 rounds, alternating the order (isolated first, then shared first, ...). Every
-run uses fresh tenant ids. Per run: makespan, device time held, busy seconds
+run uses fresh tenant ids, and a tenant's topics exist only during its turn
+(``benchmarks/tenant_turns.py``: a shared run is one turn of all the tenants, an
+isolated run one turn per tenant): made before it, deleted after it, the service's
+consumer groups settled both times outside the clock. Until 2026-12-03 every
+run's tenants were made up front, so the later runs of a benchmark carried every
+earlier run's finished tenants in each fetch of each role. Per run: makespan, device time held, busy seconds
 and busy fractions per queue (from the device gate), forwards. Printed: medians
 with min-max spread, and shared/isolated ratios of the medians. Every tenant's
 final parameters are compared across ALL runs (both modes, every repeat): they
@@ -84,6 +89,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from backbone.timeline import ForwardLog, ForwardRecord, read_window
+from benchmarks.tenant_turns import TenantTurns
 from infra.errors import JoynexusError
 from infra.runtime.affinity import pin_process
 from infra.runtime.demo import ensure_dataset, scenario
@@ -364,15 +370,26 @@ class OptimizerSeconds:
         return sum(self.seconds.get(t, 0.0) for t in tenants), sum(self.steps.get(t, 0) for t in tenants)
 
 
-async def run_mode(device, client, base: list[dict], mode: str, label: str,
+async def run_mode(device, client, turns: TenantTurns, base: list[dict], mode: str, label: str,
                    optimizer: OptimizerSeconds) -> dict[str, Any]:
+    """One pass: shared, one turn of every tenant at once; isolated, one turn per tenant, one after
+    another. Each turn's tenants exist only during it (``TenantTurns``); its measures are taken
+    between two snapshots inside it, and the mode's are their sums."""
     specs = [{**s, "tenant": f"{s['tenant']}-{label}", "job_id": "bench"} for s in base]
-    before = await device.snapshot()
-    began = time.monotonic()
-    states, spans = await _follow(client, specs, mode == "shared", device.clock)
-    makespan = time.monotonic() - began
-    after = await device.snapshot()
-    run = {k: after[k] - before[k] for k in after if k != "clock_s"}
+    run: dict[str, Any] = {}
+    states, spans, forwards, makespan = [], [], [], 0.0
+    for group in [specs] if mode == "shared" else [[s] for s in specs]:
+        async with turns.turn(s["tenant"] for s in group):
+            before = await device.snapshot()
+            began = time.monotonic()
+            done, done_spans = await _follow(client, group, mode == "shared", device.clock)
+            makespan += time.monotonic() - began
+            after = await device.snapshot()
+        for k in after.keys() - {"clock_s"}:
+            run[k] = run.get(k, 0.0) + after[k] - before[k]
+        states += done
+        spans += done_spans
+        forwards += [f for f in device.timeline_since(before["clock_s"]) if f.start_s <= after["clock_s"]]
     run |= {"mode": mode, "makespan_s": makespan, "device_time_s": makespan,
             "busy_total_s": run["busy_train_s"] + run["busy_inference_s"]}
     run["busy_optimizer_s"], run["optimizer_steps"] = await optimizer.of([s["tenant"] for s in specs])
@@ -384,7 +401,7 @@ async def run_mode(device, client, base: list[dict], mode: str, label: str,
     run["kinds"] = [s["kind"] for s in specs]
     run["spans"] = spans  # per tenant: (submitted, completed) on the timeline's clock
     run["_states"] = states
-    run["_forwards"] = device.timeline_since(before["clock_s"])
+    run["_forwards"] = forwards
     return run
 
 
@@ -493,27 +510,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     base = bench_scenario(args.scenario, dataset, not args.no_maniskill, args.builtin_third)
     order = [("isolated", "shared") if r % 2 == 0 else ("shared", "isolated") for r in range(args.repeats)]
-    labels = [f"w{tag}"] + [f"{mode[0]}{r}{tag}" for r, modes in enumerate(order) for mode in modes]
-    async with TopicAdmin(settings) as admin:  # up front: a new tenant's topics make every
-        await admin.ensure_shared()  # pattern-subscribed group rebalance, which is not the work measured
-        for label in labels:
-            for spec in base:
-                await admin.ensure_tenant(f"{spec['tenant']}-{label}")
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
     runs: list[dict[str, Any]] = []
     deployment = (processes(settings, console, args.env_workers) if args.deployment == "processes"
                   else in_process(settings))
     async with deployment as (device, store):
         async with Client(settings, requested_by="benchmark") as client, \
-                OptimizerSeconds(settings) as optimizer:
+                OptimizerSeconds(settings) as optimizer, TenantTurns(settings) as turns:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=console) as progress:
                 bar = progress.add_task("warm-up (not counted)", total=1 + 2 * args.repeats)
-                await run_mode(device, client, base, "shared", f"w{tag}", optimizer)
+                await run_mode(device, client, turns, base, "shared", f"w{tag}", optimizer)
                 progress.advance(bar)
                 for r, modes in enumerate(order):
                     for mode in modes:
                         progress.update(bar, description=f"repeat {r + 1}/{args.repeats}: {mode}")
-                        run = await run_mode(device, client, base, mode, f"{mode[0]}{r}{tag}", optimizer)
+                        label = f"{mode[0]}{r}{tag}"
+                        run = await run_mode(device, client, turns, base, mode, label, optimizer)
                         run["repeat"], run["order"] = r, "-".join(modes)
                         runs.append(run)
                         progress.advance(bar)
