@@ -43,7 +43,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
 from backbone.timeline import JSONL_SUFFIX
-from consumers.bus.loop import bind_record, make_consumer
+from consumers.bus.loop import bind_record, commit_within, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
 from consumers.service import Service
@@ -230,7 +230,7 @@ class InferenceRole:
         if not offsets:
             return
         try:
-            await self.consumer.commit(offsets)
+            await commit_within(self.consumer, offsets)
         except Exception as exc:  # observations are re-asked for; a lost commit costs nothing
             log.warning("commit failed", error_class=type(exc).__name__)
 

@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
-from consumers.bus.loop import bind_record, make_consumer
+from consumers.bus.loop import bind_record, commit_within, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import targets_of, to_feature
 from consumers.service import Service
@@ -325,8 +325,8 @@ class TenantOptimizer:
 
     async def _commit_outside(self, record: ConsumerRecord) -> None:
         try:
-            await self.consumer.commit({self.tp: record.offset + 1})
-        except KafkaError as exc:
+            await commit_within(self.consumer, {self.tp: record.offset + 1})
+        except (KafkaError, TimeoutError) as exc:
             self.log.warning("commit failed", error_class=type(exc).__name__)
 
 

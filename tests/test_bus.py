@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import TopicPartition
 
 from consumers.bus.episodes import RolloutReader
-from consumers.bus.loop import ConsumeLoop, make_consumer
+from consumers.bus.loop import COMMIT_TIMEOUT_S, ConsumeLoop, commit_within, make_consumer
 from consumers.bus.protocols import RecordContext
 from infra.follow import TopicFollower
 from infra.settings import Settings
@@ -491,3 +491,30 @@ async def test_requests_beside_a_held_fetch_do_not_wait_for_it(settings: Setting
             await producer.send(topic, heartbeat(1), key="1")
             waits.append(await next_record(consumer))
     assert max(waits) < 2.5, waits
+
+
+async def test_a_commit_naming_a_deleted_topic_gives_up_instead_of_holding_the_role(settings: Settings,
+                                                                                     unique: str) -> None:
+    """aiokafka retries a commit's retriable errors forever, and a deleted topic's partition answers
+    UNKNOWN_TOPIC_OR_PARTITION: the inference role, committing a deleted tenant's observations
+    partition, stopped answering anyone. ``commit_within`` gives up; the caller reads again later."""
+    topic = f"bench.commit.{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 1)
+    tp = TopicPartition(topic, 0)
+    consumer = make_consumer(settings, f"commit-{unique}")
+    await consumer.start()
+    try:
+        consumer.assign([tp])  # manual: no rebalance will take the partition away
+        await commit_within(consumer, {tp: 0})  # an existing partition commits at once
+        async with TopicAdmin(settings) as admin:
+            await admin.delete_topics([topic])
+        raw = asyncio.create_task(consumer.commit({tp: 0}))
+        await asyncio.sleep(COMMIT_TIMEOUT_S + 1)
+        assert not raw.done(), "aiokafka no longer retries forever: commit_within may be unneeded"
+        raw.cancel()
+        await asyncio.gather(raw, return_exceptions=True)
+        with pytest.raises(TimeoutError):
+            await commit_within(consumer, {tp: 0})
+    finally:
+        await consumer.stop()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
+from consumers.bus.loop import commit_within
 from infra.errors import SchemaError, TenantMismatch
 from infra.logging import get_logger
 from infra.topics import check_tenant
@@ -155,7 +156,7 @@ class RolloutReader:
         if not offsets:
             return
         try:
-            await self.consumer.commit(offsets)
+            await commit_within(self.consumer, offsets)
         except Exception as exc:  # a re-read is harmless: held records are read again, deduped downstream
             log.warning("commit failed", error_class=type(exc).__name__)
             return

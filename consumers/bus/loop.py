@@ -39,9 +39,22 @@ from producers.producer import EventProducer
 from schemas.codec import Codec
 from schemas.events import Event
 
-__all__ = ["ConsumeLoop", "StartAt", "context_of", "invoke_with_retries", "make_consumer"]
+__all__ = ["COMMIT_TIMEOUT_S", "ConsumeLoop", "StartAt", "commit_within", "context_of", "invoke_with_retries",
+           "make_consumer"]
 
 log = get_logger("consumers.bus.loop")
+
+COMMIT_TIMEOUT_S = 5.0
+
+
+async def commit_within(consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
+    """``consumer.commit(offsets)``, given up after ``COMMIT_TIMEOUT_S`` (raises TimeoutError).
+
+    aiokafka retries a retriable commit error forever, and a partition whose topic was deleted
+    (``tenant delete``) answers UNKNOWN_TOPIC_OR_PARTITION until the next rebalance takes it away:
+    a role awaiting that commit stopped for good (the inference role answered nothing more,
+    2026-12-03). Every caller treats a failed commit as "read again later", which costs nothing."""
+    await asyncio.wait_for(consumer.commit(offsets), COMMIT_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
@@ -226,8 +239,8 @@ class ConsumeLoop:
             self._pending.clear()
             return
         try:
-            await self.consumer.commit(offsets)
-        except KafkaError as exc:
+            await commit_within(self.consumer, offsets)
+        except (KafkaError, TimeoutError) as exc:
             log.warning("commit failed; will retry", error_class=type(exc).__name__,
                         error=str(exc)[:300])
             await asyncio.sleep(self.settings.retry_backoff_s)
