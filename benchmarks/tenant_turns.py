@@ -95,7 +95,9 @@ class TenantTurns:
 
     async def unsettled(self) -> dict[str, str]:
         """Group -> why it has not settled (empty: all have). A group without members is not running."""
-        existing = set(await self.admin.list_topics())
+        prefix = self.settings.topic_prefix
+        streams = {t: n.stream for t in await self.admin.list_topics()  # every tenant topic's stream
+                   if (n := parse_topic(t)) is not None and n.tenant and n.prefix == prefix}
         behind: dict[str, str] = {}
         for name in PATTERN_GROUPS:
             # one group a request: aiokafka 0.14 misreads a response describing two (buffer underrun)
@@ -108,8 +110,7 @@ class TenantTurns:
                     continue
                 assigned = {topic for m in members
                             for topic, _ in ConsumerProtocolMemberAssignment.decode(m[4]).assignment}
-                wanted = {t for t in existing if (n := parse_topic(t)) is not None and n.tenant
-                          and n.prefix == self.settings.topic_prefix and n.stream in PATTERN_GROUPS[group]}
+                wanted = {t for t, stream in streams.items() if stream in PATTERN_GROUPS[group]}
                 if assigned != wanted:
                     behind[group] = (f"{len(wanted - assigned)} topics not assigned yet, "
                                      f"{len(assigned - wanted)} assigned but gone")
