@@ -30,6 +30,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from infra.connection import client_options
 from infra.errors import SchemaError, TenantMismatch
+from infra.every_topic import track_every_topic
 from infra.logging import get_logger
 from infra.longpoll import fetch_apart
 from infra.settings import Settings
@@ -65,13 +66,13 @@ class TopicFollower:
         self.apply = apply
         self.name = name
         self.codec = codec or Codec()
-        self.consumer = fetch_apart(AIOKafkaConsumer(
+        self.consumer = track_every_topic(fetch_apart(AIOKafkaConsumer(
             **client_options(settings), client_id=f"{settings.client_id}-{name}",
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",
             isolation_level="read_committed",
             # a pattern's refresh lists every topic; one assigned topic needs no refresh to be seen
             metadata_max_age_ms=settings.pattern_refresh_ms if seek is None else 300_000,
-            fetch_max_wait_ms=settings.fetch_max_wait_ms))
+            fetch_max_wait_ms=settings.fetch_max_wait_ms)))
         self.applied = 0
         self.reads = 0  # polls that brought records: fetch cycles, what settle_s bounds
         self._task: asyncio.Task | None = None

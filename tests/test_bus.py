@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from consumers.bus.episodes import RolloutReader
@@ -518,3 +519,43 @@ async def test_a_commit_naming_a_deleted_topic_gives_up_instead_of_holding_the_r
             await commit_within(consumer, {tp: 0})
     finally:
         await consumer.stop()
+
+
+async def test_a_pattern_consumer_keeps_every_topic_after_asking_about_a_deleted_one(settings: Settings,
+                                                                                    unique: str) -> None:
+    """aiokafka's offset lookup of a partition without a leader narrows the client's metadata from
+    every topic to that one, and a pattern subscription then shrinks to it: an env worker lost 88 of
+    its 106 topics when a tenant was deleted during a lookup (CI, 2026-12-03). ``make_consumer``
+    keeps every topic tracked (``infra/every_topic.py``)."""
+    topics = [f"every.{unique}.{i}" for i in range(3)]
+    async with TopicAdmin(settings) as admin:
+        for topic in topics:
+            await admin.ensure_topic(topic, 1)
+    consumer = make_consumer(settings, f"every-{unique}", pattern=rf"^every\.{unique}\.\d$")
+    await consumer.start()
+    try:
+        await wait_for_assignment(consumer, topics)
+        async with TopicAdmin(settings) as admin:
+            await admin.delete_topics(topics[:1])
+        await consumer._client.force_metadata_update()  # the client knows no leader for it now
+        with pytest.raises((TimeoutError, KafkaError)):  # no leader: aiokafka waits for metadata
+            await asyncio.wait_for(consumer.end_offsets([TopicPartition(topics[0], 0)]), 3)
+        assert consumer._client._topics == set(), "the client no longer tracks every topic"
+        await wait_for_assignment(consumer, topics[1:])
+    finally:
+        await consumer.stop()
+    raw = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap)  # what aiokafka itself does
+    raw._client.add_topic(topics[0])
+    narrowed = raw._client._topics
+    await raw.stop()
+    assert narrowed == {topics[0]}, "aiokafka keeps every topic now: track_every_topic may be unneeded"
+
+
+async def wait_for_assignment(consumer: AIOKafkaConsumer, topics: list[str], timeout_s: float = 60.0) -> None:
+    """Poll (heartbeats, rebalances and pattern refreshes need the consumer read) until the
+    consumer holds exactly ``topics``' partition 0."""
+    wanted = {TopicPartition(t, 0) for t in topics}
+    deadline = time.monotonic() + timeout_s
+    while consumer.assignment() != wanted:
+        assert time.monotonic() < deadline, f"assigned {sorted(consumer.assignment())}, wanted {sorted(wanted)}"
+        await consumer.getmany(timeout_ms=200)

@@ -31,6 +31,7 @@ from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.protocols import Handler, RecordContext
 from infra.connection import client_options
 from infra.errors import ProcessingError, SchemaError, TenantMismatch
+from infra.every_topic import track_every_topic
 from infra.logging import get_logger
 from infra.longpoll import fetch_apart
 from infra.settings import Settings
@@ -90,7 +91,7 @@ def make_consumer(
         metadata_max_age_ms=settings.pattern_refresh_ms if pattern else 300_000,  # see new tenants soon
         **extra,
     )
-    fetch_apart(consumer)
+    track_every_topic(fetch_apart(consumer))
     if pattern:
         consumer.subscribe(pattern=pattern, listener=listener)
     elif topics:
