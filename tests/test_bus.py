@@ -557,5 +557,5 @@ async def wait_for_assignment(consumer: AIOKafkaConsumer, topics: list[str], tim
     wanted = {TopicPartition(t, 0) for t in topics}
     deadline = time.monotonic() + timeout_s
     while consumer.assignment() != wanted:
-        assert time.monotonic() < deadline, f"assigned {sorted(consumer.assignment())}, wanted {sorted(wanted)}"
+        assert time.monotonic() < deadline, f"assigned {sorted(consumer.assignment())}, not {sorted(wanted)}"
         await consumer.getmany(timeout_ms=200)
