@@ -68,10 +68,11 @@ class Runner:
         alive, episodes, step = [True] * len(seeds), [[] for _ in seeds], 0
         while any(alive):
             live = [i for i in range(len(seeds)) if alive[i]]
-            for feature, i in zip(self._features([obs[i] for i in live]), live, strict=True):
-                with torch.no_grad():
-                    out = self.slot.policy.act(feature, action_generator(self.spec.seed, seeds[i], step),
-                                               deterministic)
+            features = self._features([obs[i] for i in live])
+            with torch.no_grad():  # as the inference role: one act_each for the rows acting together
+                outs = self.slot.policy.act_each(
+                    features, [action_generator(self.spec.seed, seeds[i], step) for i in live], deterministic)
+            for feature, out, i in zip(features, outs, live, strict=True):
                 action = out.action[0].numpy().astype(np.float32)
                 result = self.sims[i].step(action.reshape(-1))
                 episodes[i].append((feature, action, float(out.log_prob[0]), float(out.value[0]),

@@ -5,7 +5,9 @@ Consumer group ``inference`` on the tenants' observations topics. Each
 observation becomes a task: its backbone request joins the group batcher
 (flush at B requests or after T ms, one forward per compatible group, on the
 device gate's inference queue, which goes before training), then the
-tenant's head acts on its own feature row. A group also flushes as soon as every
+tenant's head acts on its own feature row: the rows of one policy that a group brings back act
+together, at one fixed shape (``consumers.acts``), so a row's action is the same whoever shared
+its group. A group also flushes as soon as every
 session answered in the last second has asked again (``backbone.batcher``), so
 T can be long enough for sessions answered together to come back together.
 The policy is the version the session is pinned to (sync RL, evaluation), or
@@ -43,6 +45,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
 from backbone.timeline import JSONL_SUFFIX
+from consumers.acts import TickActs
 from consumers.bus.loop import bind_record, commit_within, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
@@ -103,6 +106,7 @@ class InferenceRole:
             # what inference computes when acting is what RL training forwards next: leave it there
             cache=service.features if settings.feature_cache_from_inference else None,
         )
+        self.acts = TickActs()
         self.sessions: dict[str, ev.EnvSessionRequested] = {}
         self.latest: dict[str, int] = {}  # tenant -> latest published version
         self._followers = [
@@ -371,8 +375,7 @@ class InferenceRole:
         feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio),
                                             source=_source(tenant, obs.session_id))
         generator = action_generator(session.action_seed, _episode_seed(session, obs.episode_id), obs.step)
-        with torch.no_grad():
-            out = slot.policy.act(feature.detach(), generator, session.deterministic)
+        out = await self.acts.act(slot.policy, feature.detach(), generator, session.deterministic)
         if isinstance(out, ActorOutput):
             action, log_prob, value = out.action[0], float(out.log_prob[0]), float(out.value[0])
         else:

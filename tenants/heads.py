@@ -13,6 +13,7 @@ Sampling draws only from a ``torch.Generator`` the caller passes (the slot's).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,11 +91,25 @@ class GaussianActorCritic(nn.Module):
 
     def act(self, x: torch.Tensor, generator: torch.Generator, deterministic: bool = False) -> ActorOutput:
         mean, log_std, value = self(x)
-        if deterministic:
-            action = mean
-        else:
-            # Noise comes from the caller's CPU generator, then moves: the same draws on every device.
-            noise = torch.randn(mean.shape, generator=generator, dtype=mean.dtype).to(mean.device)
-            action = mean + noise * torch.exp(log_std)
+        # Noise comes from the caller's CPU generator, then moves: the same draws on every device.
+        noise = None if deterministic else torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+        return self._sampled(mean, log_std, value, noise)
+
+    def act_each(self, x: torch.Tensor, generators: Sequence[torch.Generator],
+                 deterministic: bool = False) -> ActorOutput:
+        """``act`` with row i's noise drawn from ``generators[i]``: the draws ``act`` makes for that
+        row alone. Rows past the generators are padding and get no noise."""
+        mean, log_std, value = self(x)
+        noise = None
+        if not deterministic:
+            row = (1, *mean.shape[1:])
+            draws = [torch.randn(row, generator=g, dtype=mean.dtype) for g in generators]
+            draws.append(torch.zeros((mean.shape[0] - len(generators), *mean.shape[1:]), dtype=mean.dtype))
+            noise = torch.cat(draws)
+        return self._sampled(mean, log_std, value, noise)
+
+    def _sampled(self, mean: torch.Tensor, log_std: torch.Tensor, value: torch.Tensor,
+                 noise: torch.Tensor | None) -> ActorOutput:
+        action = mean if noise is None else mean + noise.to(mean.device) * torch.exp(log_std)
         return ActorOutput(action, self.log_prob(mean, log_std, action),
-                           self.entropy(log_std, x.shape[0]), value)
+                           self.entropy(log_std, mean.shape[0]), value)

@@ -136,6 +136,37 @@ def test_a_row_does_not_depend_on_the_other_rows_of_its_batch(kind: str, lora_ra
     assert not torch.equal(a[1:], b[1:])
 
 
+@pytest.mark.parametrize("kind", ["chunk_regression", "gaussian_actor_critic"])
+@pytest.mark.parametrize("lora_rank", [None, 4])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_act_each_gives_a_row_the_same_action_whichever_rows_act_with_it(kind: str, lora_rank: int | None,
+                                                                         deterministic: bool) -> None:
+    """What the inference role relies on: a row's action alone, among 7 others, or in the second
+    chunk of 40 rows (shuffled) is the same, bit for bit, and its noise comes from its own generator."""
+    policy = build_policy(tenant_config("a", kind=kind, lora_rank=lora_rank), init_seed=3)
+    rows = make_feature(torch.Generator().manual_seed(6), batch=40).split([1] * 40)
+    seeds = list(range(100, 140))
+
+    def actions(order: list[int]) -> dict[int, torch.Tensor]:
+        with torch.no_grad():
+            outs = policy.act_each([rows[i] for i in order],
+                                   [torch.Generator().manual_seed(seeds[i]) for i in order], deterministic)
+        return {i: (o if kind == "chunk_regression" else torch.cat([o.action.flatten(), o.log_prob, o.value]))
+                for i, o in zip(order, outs, strict=True)}
+
+    alone = {i: actions([i])[i] for i in range(40)}
+    order = torch.randperm(40, generator=torch.Generator().manual_seed(1)).tolist()
+    for got in (actions(list(range(8))), actions(order)):
+        for i, value in got.items():
+            assert torch.equal(value, alone[i]), i
+    if kind == "gaussian_actor_critic" and not deterministic:
+        with torch.no_grad():
+            (out,) = policy.act_each([rows[0]], [torch.Generator().manual_seed(seeds[0])])
+            (mean,) = policy.act_each([rows[0]], [torch.Generator()], deterministic=True)
+        noise = torch.randn((1, CHUNK, ACTION_DIM), generator=torch.Generator().manual_seed(seeds[0]))
+        torch.testing.assert_close(out.action, mean.action + noise * policy.head.log_std.exp())
+
+
 def test_suffix_ignores_padded_tokens() -> None:
     policy = build_policy(tenant_config("a", lora_rank=4), init_seed=0)
     feature = make_feature(torch.Generator().manual_seed(4))
