@@ -1,4 +1,7 @@
-"""A tenant's policy served outside the service: the backbone plus the tenant's modules, read-only."""
+"""A tenant's policy served outside the service: the backbone plus the tenant's modules, read-only.
+
+It acts as the inference role does (``TenantPolicy.act_each``, at one fixed shape), so its heads
+compute what the service's do, not the other kernel path of a one-row product."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ class ServedPolicy:
         """The action chunk ``[chunk, action_dim]`` for one observation."""
         request = VLARequest(self.slot.tenant_id, list(images), instruction, proprio)
         (feature,) = self.backbone.forward([self.backbone.prepare(request)])
-        out = self.slot.policy.act(feature, torch.Generator().manual_seed(seed), deterministic)
+        (out,) = self.slot.policy.act_each([feature], [torch.Generator().manual_seed(seed)], deterministic)
         action = out.action if isinstance(out, ActorOutput) else out
         return action[0].cpu().numpy()
 
@@ -52,9 +55,8 @@ class ServedPolicy:
     @torch.no_grad()
     def act_features(self, features: Sequence[VLAFeature]) -> np.ndarray:
         """Deterministic action chunks ``[B, chunk, action_dim]`` from per-sample features."""
-        out = self.slot.policy.act(VLAFeature.cat(features), torch.Generator(), True)
-        action = out.action if isinstance(out, ActorOutput) else out
-        return action.cpu().numpy()
+        outs = self.slot.policy.act_each(features, [torch.Generator() for _ in features], True)
+        return torch.cat([o.action if isinstance(o, ActorOutput) else o for o in outs]).cpu().numpy()
 
     def act_batch(self, images: np.ndarray, instructions: Sequence[str], proprio: np.ndarray) -> np.ndarray:
         """Deterministic action chunks for a batch of samples: one backbone forward per bucket."""
