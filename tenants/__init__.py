@@ -5,7 +5,8 @@ No Kafka here. One file per job:
 * ``config``      frozen dataclasses: TenantConfig (HeadConfig, SuffixConfig, OptimConfig, PPOConfig)
 * ``heads``       OFT-style action-chunk regression head; Gaussian actor-critic head for PPO
 * ``suffix``      the policy suffix: a transformer block over the backbone's tokens, with peft LoRA
-* ``policy``      a tenant's modules as one nn.Module, built from seeds without the global RNG
+* ``policy``      a tenant's modules as one nn.Module, built from seeds without the global RNG;
+                  ``act_each``: rollout actions at one fixed shape
 * ``targets``     SFT and PPO targets, and the checks that a batch fits a tenant
 * ``losses``      L1 on action chunks; clipped-surrogate PPO
 * ``optim``       AdamW, the LR schedule, optimizer state as named tensors
