@@ -1,8 +1,7 @@
 """GroupBatcher: many tenants' requests, one backbone forward per compatible group.
 
 ``await batcher.submit(request)`` returns that request's VLAFeature. Requests
-are normalised on submit (a bad one fails there, alone; those submitted in one event-loop tick
-in one worker-thread call) and queued in the
+are normalised on submit (a bad one fails there, alone) and queued in the
 bucket of their key (see ``backbone.inputs``). A bucket is flushed when it
 holds ``target_batch`` requests (B), when its oldest request has waited
 ``max_wait_ms`` (T), or when it is complete: every source (an env session, given
@@ -110,7 +109,6 @@ class GroupBatcher:
         self._buckets: dict[BucketKey, deque[_Pending]] = {}
         self._answered: dict[BucketKey, dict[str, float]] = {}  # source -> when last answered
         self._round_trip: dict[str, float] = {}  # source -> its last answer-to-next-request seconds
-        self._to_prepare: list[tuple[VLARequest, asyncio.Future]] = []  # submitted this tick
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._stopping = False
@@ -140,7 +138,7 @@ class GroupBatcher:
         sends it (an env session): only grouping uses it, never the result."""
         if self._task is None or self._stopping:
             raise RuntimeError("GroupBatcher is not running")
-        prepared, key = await self._prepare_soon(request)  # InvalidRequest: alone
+        prepared, key = await asyncio.to_thread(self._prepare, request)  # InvalidRequest: alone
         future = asyncio.get_running_loop().create_future()
         now = self.clock()
         answered_at = self._answered.get(prepared.key, {}).get(source) if source else None
@@ -150,42 +148,6 @@ class GroupBatcher:
             _Pending(prepared, future, now, key, source))
         self._wake.set()
         return await future
-
-    def _prepare_soon(self, request: VLARequest) -> asyncio.Future:
-        """The requests submitted in one event-loop tick (an inference fetch's observations) are
-        prepared in ONE worker-thread call: one hop there and back for all of them, not one each."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if not self._to_prepare:
-            loop.call_soon(self._prepare_queued)
-        self._to_prepare.append((request, future))
-        return future
-
-    def _prepare_queued(self) -> None:
-        batch, self._to_prepare = self._to_prepare, []
-        done = asyncio.ensure_future(asyncio.to_thread(self._prepare_all, [r for r, _ in batch]))
-
-        def resolve(task: asyncio.Future) -> None:
-            results = task.result() if not task.cancelled() and task.exception() is None else None
-            for i, (_, future) in enumerate(batch):
-                if future.done():  # the submitter was cancelled
-                    continue
-                outcome = results[i] if results is not None else RuntimeError("request preparation stopped")
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
-
-        done.add_done_callback(resolve)
-
-    def _prepare_all(self, requests: list[VLARequest]) -> list[tuple[Prepared, str | None] | Exception]:
-        out: list[tuple[Prepared, str | None] | Exception] = []
-        for request in requests:
-            try:
-                out.append(self._prepare(request))
-            except Exception as exc:  # noqa: BLE001 - that request's own error, raised to its submitter
-                out.append(exc)
-        return out
 
     def _prepare(self, request: VLARequest) -> tuple[Prepared, str | None]:
         prepared = self.backbone.prepare(request)  # InvalidRequest first: a bad request has no key

@@ -108,19 +108,6 @@ async def test_a_bad_request_fails_alone(backbones: dict[str, Backbone]) -> None
     assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != 2)
 
 
-async def test_one_ticks_requests_are_prepared_in_one_thread_call(backbones: dict[str, Backbone]) -> None:
-    """An inference fetch's observations reach ``submit`` in one tick: one hop to a worker thread
-    for all of them (each hop costs the event loop a wakeup), each still failing alone (above)."""
-    batcher = GroupBatcher(backbones["tiny"], BatcherConfig(target_batch=8, max_wait_ms=5))
-    calls: list[int] = []
-    prepare_all = batcher._prepare_all
-    batcher._prepare_all = lambda reqs: calls.append(len(reqs)) or prepare_all(reqs)
-    async with batcher:
-        await asyncio.gather(*(batcher.submit(r) for r in requests(8, words=4)))
-        await batcher.submit(requests(1, words=4)[0])
-    assert calls == [8, 1]
-
-
 class FlakyBackbone:
     """The real backbone, except a forward containing tenant 'poison' raises (a stand-in
     for a device fault that only one request triggers)."""
