@@ -265,7 +265,7 @@ def build_preset(preset: Preset, path: Path) -> None:
     config = hf_config(preset, tokens)
     family_cls = family_for(preset.family)
     torch.manual_seed(preset.seed)
-    model = AutoModelForImageTextToText.from_config(config)
+    model = AutoModelForImageTextToText.from_config(config, dtype=getattr(torch, preset.weights_dtype))
     tokenizer = build_tokenizer(preset.tokenizer_vocab, tokens)
     processor = family_cls.default_processor(preset.image_size, preset.vision)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,9 @@ class Preset:
     max_cameras: int = 3
     token_buckets: tuple[int, ...] = (8, 16, 32, 64)
     tie_embeddings: bool = False  # the real 1-4B Qwen-VL models tie lm_head to the embeddings
+    # The dtype the random weights are drawn and saved in. The GPU presets are bf16, as they run:
+    # drawn in fp32, a 3.75B model is 15 GB to initialise and write before its first use.
+    weights_dtype: str = "float32"
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -136,18 +139,21 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            _qwen_text(1024, 24, 16, 2, 5504, 151936),
            dict(depth=24, embed_dim=1024, hidden_size=1024, num_heads=16, mlp_ratio=4, patch_size=14,
                 spatial_merge_size=2, temporal_patch_size=2),
-           tie_embeddings=True, doc="Qwen2-VL family scaled to ~1B"),
+           tie_embeddings=True, weights_dtype="bfloat16",
+           doc="Qwen2-VL family scaled to ~1B"),
     Preset("gpu-2b", "qwen2_vl", 224, 151936, 8192,
            _qwen_text(1536, 28, 12, 2, 8960, 151936),
            dict(depth=32, embed_dim=1280, hidden_size=1536, num_heads=16, mlp_ratio=4, patch_size=14,
                 spatial_merge_size=2, temporal_patch_size=2),
-           tie_embeddings=True, doc="Qwen2-VL-2B's configuration (2.2B)"),
+           tie_embeddings=True, weights_dtype="bfloat16",
+           doc="Qwen2-VL-2B's configuration (2.2B)"),
     Preset("gpu-4b", "qwen2_5_vl", 224, 151936, 8192,
            _qwen_text(2048, 36, 16, 2, 11008, 151936),
            dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048,
                 patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=112,
                 fullatt_block_indexes=[7, 15, 23, 31]),
-           tie_embeddings=True, doc="Qwen2.5-VL-3B's configuration (3.75B), the 4B class"),
+           tie_embeddings=True, weights_dtype="bfloat16",
+           doc="Qwen2.5-VL-3B's configuration (3.75B), the 4B class"),
 ]}
 
 
