@@ -1,41 +1,59 @@
 #!/usr/bin/env bash
-# benchmarks/gpu.sh [--dry-run] [--out DIR] [--budget SECONDS]
+# benchmarks/gpu.sh [--dry-run] [--out DIR] [--budget SECONDS] [--bundle DIR]
 #
-# The GPU figures of the README in one run on one GPU (sized for an H200 in < 8 minutes):
+# The GPU figures of the README in one run on one GPU (sized for an H200 in under 10 minutes),
+# most wanted first, so that a run cut short by its budget still brings the headline figures:
 #   1. group batching, bf16: tenants {1,2,4,8} x local batch {1,2,4,8}, grouped vs separate
-#      forwards, for the gpu-1b / gpu-2b / gpu-4b presets (benchmarks/group_batching.py);
-#   2. tenant-slot memory on the device, measured with torch.cuda.max_memory_allocated /
+#      forwards, for the gpu-2b preset (benchmarks/group_batching.py);
+#   2. shared vs isolated for the demo scenario on the GPU (benchmarks/multi_tenant.py, gpu-1b,
+#      roles as processes: the device host and the optimizer on CPU 0, the rest on the others);
+#   3. the projection model (benchmarks/projection.py) replaying those traces with gpu-2b forwards;
+#   4. tenant-slot memory on the device, measured with torch.cuda.max_memory_allocated /
 #      memory_allocated for one more tenant (benchmarks/tenant_memory.py --device cuda);
-#   3. shared vs isolated for the demo scenario on the GPU (benchmarks/multi_tenant.py, gpu-1b);
-#   4. the projection model (benchmarks/projection.py) replaying those traces with gpu-2b forwards;
+#   5. the group-batching table of gpu-1b and gpu-4b;
 #   then results.json + results.md in the output folder (benchmarks/gpu_summary.py).
 #
 # --dry-run does the same on the CPU with the tiny preset (fp32, 1 repeat, the smoke scenario
 # without ManiSkill, a 2x2 corner of the batching grid): the test suite runs it
 # (tests/test_gpu_script.py).
 #
-# Prerequisites: `make setup` has run (the .venv and the Kafka jars; the GPU machine needs no
-# network then). The broker is the local one (started if needed) unless
-# JOYNEXUS_BOOTSTRAP_SERVERS points elsewhere. Every step has its own time limit and the whole
-# run a budget (--budget, default 450 s): a step that fails or does not fit is recorded as such
-# in results.json and the others still run, so a partial run still brings its numbers back.
+# Prerequisites, either: `make setup` has run (the .venv and the Kafka jars); or, on a GPU machine
+# with no network and no Java whose python3 has torch and transformers: --bundle DIR, a folder
+# made beforehand by `python -m benchmarks.gpu_bundle` (the missing wheels, a Java runtime and
+# the broker's jars), unpacked into a temporary folder, leaving the machine's packages alone.
+# The broker is the local one (started if needed) unless JOYNEXUS_BOOTSTRAP_SERVERS points
+# elsewhere. Every step has its own time limit and the whole run a budget (--budget, default
+# 570 s): a step that fails or does not fit is recorded as such in results.json and the others
+# still run, so a partial run still brings its numbers back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DRY=0
 OUT=""
-BUDGET=450
+BUDGET=570
+BUNDLE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
     --out) OUT="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
+    --bundle) BUNDLE="$2"; shift ;;
     -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
 done
-PY=${PYTHON:-.venv/bin/python}
+if [ -n "${PYTHON:-}" ]; then PY=$PYTHON; elif [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+if [ -n "$BUNDLE" ]; then
+  [ -d "$BUNDLE/wheels" ] && [ -f "$BUNDLE/java.tar.xz" ] || { echo "gpu.sh: $BUNDLE is no bundle" \
+    "(make one with: python -m benchmarks.gpu_bundle)" >&2; exit 2; }
+  UNPACKED=$(mktemp -d "${TMPDIR:-/tmp}/joynexus-bundle.XXXXXX")
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check \
+    --target "$UNPACKED/site" "$BUNDLE"/wheels/*.whl || { echo "gpu.sh: installing the bundle's wheels failed" >&2; exit 1; }
+  tar -xJf "$BUNDLE/java.tar.xz" -C "$UNPACKED" || { echo "gpu.sh: unpacking the bundle's Java failed" >&2; exit 1; }
+  export PYTHONPATH="$PWD:$UNPACKED/site${PYTHONPATH:+:$PYTHONPATH}" PATH="$UNPACKED/jre/bin:$PATH" \
+    JOYNEXUS_KAFKA_CACHE="$UNPACKED/kafka"
+fi
 OUT=${OUT:-gpu-results/$(date -u +%Y%m%d-%H%M%S)$([ $DRY = 1 ] && echo -dry)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -44,17 +62,21 @@ STEPS="$OUT/steps.jsonl"
 START=$(date +%s)
 
 if [ $DRY = 1 ]; then
-  DEVICE=cpu; DTYPE=float32; GB_PRESETS="tiny"; GB_REPEATS=1; GB_GRID=(--tenants 1 8 --local-batch 1 4)
+  DEVICE=cpu; DTYPE=float32; GB_FIRST="tiny"; GB_LATER=""; GB_REPEATS=1; GB_GRID=(--tenants 1 8 --local-batch 1 4)
+  GB_THREADS=1
   MEM_PRESETS="tiny"; MEM_DEVICE=cpu
-  MT_BACKBONE=tiny; MT_ARGS=(--scenario smoke --repeats 1 --no-maniskill)
+  MT_BACKBONE=tiny; MT_ARGS=(--scenario smoke --repeats 1 --no-maniskill --deployment processes --warm-up smoke)
 else
-  DEVICE=cuda; DTYPE=bfloat16; GB_PRESETS="gpu-1b gpu-2b gpu-4b"; GB_REPEATS=5; GB_GRID=()
+  DEVICE=cuda; DTYPE=bfloat16; GB_FIRST="gpu-2b"; GB_LATER="gpu-1b gpu-4b"; GB_REPEATS=5; GB_GRID=()
+  GB_THREADS=0  # torch's default: every core draws the random weights of a preset built on first use
   MEM_PRESETS="gpu-1b gpu-2b gpu-4b"; MEM_DEVICE=cuda
-  MT_BACKBONE=gpu-1b; MT_ARGS=(--scenario quick --repeats 1)
-  # ManiSkill needs a Vulkan device; without one the scenario runs without the PushCube tenant.
-  "$PY" -c "import sys, envs.vulkan as v; sys.exit(not v.vulkan_available())" >/dev/null 2>&1 || MT_ARGS+=(--no-maniskill)
+  MT_BACKBONE=gpu-1b; MT_ARGS=(--scenario quick --repeats 1 --deployment processes --warm-up smoke)
+  # ManiSkill needs its package and a Vulkan device; without them the third RL tenant runs the
+  # built-in Push task (still 3 RL + 1 SFT, the paper's mix).
+  "$PY" -c "import sys, mani_skill, envs.vulkan as v; sys.exit(not v.vulkan_available())" >/dev/null 2>&1 \
+    || MT_ARGS+=(--builtin-third)
 fi
-export JOYNEXUS_TORCH_THREADS=${JOYNEXUS_TORCH_THREADS:-1}
+export JOYNEXUS_TORCH_THREADS=${JOYNEXUS_TORCH_THREADS:-1} HF_HUB_OFFLINE=1  # nothing is downloaded at run time
 
 # step NAME LIMIT_S COMMAND...: runs COMMAND with stdout in NAME.md and stderr in NAME.log,
 # unless the budget has less than LIMIT_S left; records {name, status, seconds, rc} in steps.jsonl.
@@ -93,28 +115,42 @@ if ! grep -q '"name": "environment", "status": "ok"' "$STEPS"; then
   exit 1
 fi
 
-# The presets are built once (seeded random weights, save_pretrained) under JOYNEXUS_HOME/models.
-for preset in $GB_PRESETS; do
-  step "group_batching_$preset" 150 "$PY" benchmarks/group_batching.py --preset "$preset" \
+# The presets are built once (seeded random weights, save_pretrained) under JOYNEXUS_HOME/models:
+# the first two now, with every core, so that the device host of the multi-tenant step does not
+# build its backbone on its one pinned core.
+step presets 120 "$PY" -c "
+import sys, time
+from backbone.model import ensure_preset
+from infra.settings import Settings
+for name in sys.argv[1:]:
+    began = time.perf_counter(); path = ensure_preset(name, Settings().model_dir)
+    print(f'{name}: {path} ({time.perf_counter() - began:.1f} s)')
+" "$GB_FIRST" "$MT_BACKBONE"
+
+group_batching() {
+  step "group_batching_$1" 120 "$PY" benchmarks/group_batching.py --preset "$1" --threads "$GB_THREADS" \
     --device "$DEVICE" --dtype "$DTYPE" --repeats "$GB_REPEATS" ${GB_GRID[@]+"${GB_GRID[@]}"} \
-    --json "$OUT/group_batching_$preset.json"
-done
+    --json "$OUT/group_batching_$1.json"
+}
+group_batching "$GB_FIRST"
 
-step tenant_memory 90 "$PY" benchmarks/tenant_memory.py --presets $MEM_PRESETS --device "$MEM_DEVICE" \
-  --json "$OUT/tenant_memory.json"
-
-step multi_tenant 240 env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
+step multi_tenant 420 env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
   "$PY" -m benchmarks.multi_tenant "${MT_ARGS[@]}" --json "$OUT/multi_tenant.json" --run-dir "$OUT/multi_tenant_run"
 
 # PROJECTION (labelled so in its output): the measured traces above replayed by the device model
 # with this run's forward times of the 2B preset (tiny in a dry run).
 TABLE="$OUT/group_batching_$([ $DRY = 1 ] && echo tiny || echo gpu-2b).json"
 if [ -f "$OUT/multi_tenant_run/traces.json" ] && [ -f "$TABLE" ]; then
-  step projection 60 "$PY" -m benchmarks.projection "$OUT/multi_tenant_run" --gpu-table "$TABLE" \
+  step projection 30 "$PY" -m benchmarks.projection "$OUT/multi_tenant_run" --gpu-table "$TABLE" \
     --json "$OUT/projection.json"
 else
   echo '{"name": "projection", "status": "skipped", "reason": "needs the multi_tenant traces and the batching table"}' >> "$STEPS"
 fi
+
+step tenant_memory 60 "$PY" benchmarks/tenant_memory.py --presets $MEM_PRESETS --device "$MEM_DEVICE" \
+  --json "$OUT/tenant_memory.json"
+
+for preset in $GB_LATER; do group_batching "$preset"; done
 
 "$PY" benchmarks/gpu_summary.py "$OUT"
 echo "results: $OUT/results.md, $OUT/results.json (total $(( $(date +%s) - START ))s)"

@@ -88,8 +88,10 @@ def markdown(results: dict[str, Any]) -> str:
         lines.append("not measured (step failed or skipped)")
     else:
         iso, sha = mt["medians"]["isolated"], mt["medians"]["shared"]
+        roles = ("roles as OS processes, CPU affinity " + json.dumps(mt.get("cpu_affinity"))
+                 if mt.get("deployment") == "processes" else "roles in one process")
         lines += [f"backbone {mt['backbone']}, scenario {mt['scenario']}, {mt['tenants']} tenants, "
-                  f"{mt['repeats']} repeat(s) after a warm-up, roles in one process", "",
+                  f"{mt['repeats']} repeat(s) after a {mt.get('warm_up', 'scenario')} warm-up, {roles}", "",
                   "| figure | isolated | shared | ratio | paper |", "|---|---:|---:|---:|---|",
                   f"| device time (s) | {iso['device_time_s']:.1f} | {sha['device_time_s']:.1f} "
                   f"| {sha['device_time_s'] / iso['device_time_s']:.3f} "

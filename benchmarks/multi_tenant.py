@@ -4,7 +4,8 @@
                                       [--no-maniskill | --builtin-third]
                                       [--deployment in-process|processes [--cpus device=0,optimizer=0,rest=1]
                                                     [--env-workers 3]]
-                                      [--no-feature-cache] [--json PATH] [--run-dir DIR]
+                                      [--no-feature-cache] [--warm-up scenario|smoke]
+                                      [--json PATH] [--run-dir DIR]
 
 The same fixed work per tenant (the demo's jobs: PPO on Reach twice, PPO on
 ManiSkill PushCube, SFT on a Reach dataset; ``smoke`` is a seconds-long
@@ -25,7 +26,9 @@ it off (every gradient job's rows forwarded; how runs before 2026-11-30 were
 measured).
 
 First a warm-up (the scenario once, shared, not counted: it pays the one-off
-costs such as importing ManiSkill and building the backbone), then ``--repeats``
+costs such as importing ManiSkill and building the backbone; ``--warm-up smoke``
+runs the smoke-sized shrink of the same jobs instead, which touches every code
+path in a fraction of the time: ``gpu.sh`` uses it to fit its budget), then ``--repeats``
 rounds, alternating the order (isolated first, then shared first, ...). Every
 run uses fresh tenant ids, and a tenant's topics exist only during its turn
 (``benchmarks/tenant_turns.py``: a shared run is one turn of all the tenants, an
@@ -521,7 +524,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=console) as progress:
                 bar = progress.add_task("warm-up (not counted)", total=1 + 2 * args.repeats)
-                await run_mode(device, client, turns, base, "shared", f"w{tag}", optimizer)
+                warm = base if args.warm_up == "scenario" else bench_scenario(
+                    "smoke", dataset, not args.no_maniskill, args.builtin_third)
+                await run_mode(device, client, turns, warm, "shared", f"w{tag}", optimizer)
                 progress.advance(bar)
                 for r, modes in enumerate(order):
                     for mode in modes:
@@ -533,7 +538,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         progress.advance(bar)
         same = bit_identical(store, runs)
     result = {"scenario": args.scenario, "tenants": len(base), "backbone": settings.backbone,
-              "repeats": args.repeats, "deployment": args.deployment,
+              "repeats": args.repeats, "warm_up": args.warm_up, "deployment": args.deployment,
               "cpu_affinity": settings.cpu_affinity,
               "feature_cache_mb": settings.train_feature_cache_mb,
               "feature_cache_scope": settings.feature_cache_scope,
@@ -620,6 +625,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-feature-cache", dest="feature_cache", action="store_false",
                         help="turn the device host's feature cache off: every gradient job's rows are "
                              "forwarded (PPO: every epoch), as runs before 2026-11-30 measured")
+    parser.add_argument("--warm-up", choices=("scenario", "smoke"), default="scenario",
+                        help="the uncounted first run: the scenario itself, or its smoke-sized shrink")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--run-dir", type=Path, default=None)
     args = parser.parse_args(argv)
