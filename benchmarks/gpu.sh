@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
     --bundle) BUNDLE="$2"; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -116,8 +116,9 @@ if ! grep -q '"name": "environment", "status": "ok"' "$STEPS"; then
 fi
 
 # The presets are built once (seeded random weights, save_pretrained) under JOYNEXUS_HOME/models:
-# the first two now, with every core, so that the device host of the multi-tenant step does not
-# build its backbone on its one pinned core.
+# the first two now (a bf16 preset is drawn on the GPU: ~20 s for gpu-2b with its save on the H200;
+# on that machine's CPU the draw took over 120 s), so that the multi-tenant step's device host, on
+# its one pinned core, loads its backbone instead of drawing it.
 step presets 120 "$PY" -c "
 import sys, time
 from backbone.model import ensure_preset

@@ -64,6 +64,23 @@ def test_preset_round_trips_through_save_pretrained(model_root: Path,
         assert torch.equal(a.sequence, b.sequence)
 
 
+def test_a_bf16_preset_is_drawn_and_saved_in_bf16(tmp_path: Path, backbones: dict[str, Backbone]) -> None:
+    # The GPU presets are bf16 (half the bytes to draw and write); on a CPU they are drawn there.
+    from dataclasses import replace
+
+    from safetensors import safe_open
+
+    from backbone.model import build_preset
+    from backbone.presets import get_preset
+
+    build_preset(replace(get_preset("tiny"), weights_dtype="bfloat16"), tmp_path / "tiny-bf16")
+    with safe_open(str(tmp_path / "tiny-bf16" / "model.safetensors"), "pt") as f:
+        dtypes = {f.get_slice(name).get_dtype() for name in f.keys()}  # noqa: SIM118 - no dict
+    assert dtypes == {"BF16"}
+    loaded = Backbone.load(tmp_path / "tiny-bf16", "cpu", "float32")
+    assert loaded.num_parameters() == backbones["tiny"].num_parameters()
+
+
 def test_unknown_preset_and_bad_directory_are_clear_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown backbone preset 'huge'"):
         Backbone.from_preset("huge", tmp_path)
