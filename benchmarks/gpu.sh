@@ -3,11 +3,12 @@
 #
 # The GPU figures of the README in one run on one GPU (sized for an H200 in under 10 minutes),
 # most wanted first, so that a run cut short by its budget still brings the headline figures:
-#   1. group batching, bf16: tenants {1,2,4,8} x local batch {1,2,4,8}, grouped vs separate
-#      forwards, for the gpu-2b preset (benchmarks/group_batching.py);
-#   2. shared vs isolated for the demo scenario on the GPU (benchmarks/multi_tenant.py, gpu-1b,
+#   1. shared vs isolated for the demo scenario on the GPU (benchmarks/multi_tenant.py, gpu-2b,
 #      roles as processes: the device host and the optimizer on CPU 0, the rest on the others);
-#   3. the projection model (benchmarks/projection.py) replaying those traces with gpu-2b forwards;
+#   2. group batching, bf16: tenants {1,2,4,8} x local batch {1,2,4,8}, grouped vs separate
+#      forwards, for the gpu-2b preset (benchmarks/group_batching.py);
+#   3. the projection model (benchmarks/projection.py) replaying those traces with gpu-2b forwards
+#      (this run's table, else the one measured on 2026-12-04);
 #   4. tenant-slot memory on the device, measured with torch.cuda.max_memory_allocated /
 #      memory_allocated for one more tenant (benchmarks/tenant_memory.py --device cuda);
 #   5. the group-batching table of gpu-1b and gpu-4b;
@@ -70,7 +71,7 @@ else
   DEVICE=cuda; DTYPE=bfloat16; GB_FIRST="gpu-2b"; GB_LATER="gpu-1b gpu-4b"; GB_REPEATS=5; GB_GRID=()
   GB_THREADS=0  # torch's default: every core draws the random weights of a preset built on first use
   MEM_PRESETS="gpu-1b gpu-2b gpu-4b"; MEM_DEVICE=cuda
-  MT_BACKBONE=gpu-1b; MT_ARGS=(--scenario quick --repeats 1 --deployment processes --warm-up smoke)
+  MT_BACKBONE=gpu-2b; MT_ARGS=(--scenario quick --repeats 1 --deployment processes --warm-up smoke)
   # ManiSkill needs its package and a Vulkan device; without them the third RL tenant runs the
   # built-in Push task (still 3 RL + 1 SFT, the paper's mix).
   "$PY" -c "import sys, mani_skill, envs.vulkan as v; sys.exit(not v.vulkan_available())" >/dev/null 2>&1 \
@@ -116,9 +117,9 @@ if ! grep -q '"name": "environment", "status": "ok"' "$STEPS"; then
 fi
 
 # The presets are built once (seeded random weights, save_pretrained) under JOYNEXUS_HOME/models:
-# the first two now (a bf16 preset is drawn on the GPU: ~20 s for gpu-2b with its save on the H200;
-# on that machine's CPU the draw took over 120 s), so that the multi-tenant step's device host, on
-# its one pinned core, loads its backbone instead of drawing it.
+# the multi-tenant step's now (a bf16 preset is drawn on the GPU: ~20 s for gpu-2b with its save
+# on the H200; on that machine's CPU the draw took over 120 s), so that its device host, on its
+# one pinned core, loads the backbone instead of drawing it.
 step presets 120 "$PY" -c "
 import sys, time
 from backbone.model import ensure_preset
@@ -126,21 +127,23 @@ from infra.settings import Settings
 for name in sys.argv[1:]:
     began = time.perf_counter(); path = ensure_preset(name, Settings().model_dir)
     print(f'{name}: {path} ({time.perf_counter() - began:.1f} s)')
-" "$GB_FIRST" "$MT_BACKBONE"
+" "$MT_BACKBONE"
 
 group_batching() {
   step "group_batching_$1" 120 "$PY" benchmarks/group_batching.py --preset "$1" --threads "$GB_THREADS" \
     --device "$DEVICE" --dtype "$DTYPE" --repeats "$GB_REPEATS" ${GB_GRID[@]+"${GB_GRID[@]}"} \
     --json "$OUT/group_batching_$1.json"
 }
-group_batching "$GB_FIRST"
-
-step multi_tenant 420 env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
+step multi_tenant 480 env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
   "$PY" -m benchmarks.multi_tenant "${MT_ARGS[@]}" --json "$OUT/multi_tenant.json" --run-dir "$OUT/multi_tenant_run"
+
+group_batching "$GB_FIRST"
 
 # PROJECTION (labelled so in its output): the measured traces above replayed by the device model
 # with this run's forward times of the 2B preset (tiny in a dry run).
 TABLE="$OUT/group_batching_$([ $DRY = 1 ] && echo tiny || echo gpu-2b).json"
+# no table of its own (its step did not fit): the one measured on an H200 on 2026-12-04
+[ -f "$TABLE" ] || [ $DRY = 1 ] || TABLE=benchmarks/gpu-runs/2026-12-04-h200/group_batching_gpu-2b.json
 if [ -f "$OUT/multi_tenant_run/traces.json" ] && [ -f "$TABLE" ]; then
   step projection 30 "$PY" -m benchmarks.projection "$OUT/multi_tenant_run" --gpu-table "$TABLE" \
     --json "$OUT/projection.json"

@@ -33,7 +33,7 @@ def test_dry_run_produces_every_section(settings, tmp_path: Path) -> None:
     results = json.loads((out / "results.json").read_text())
     assert results["environment"]["dry_run"] == 1 and results["environment"]["cuda"] in (True, False)
     assert [(s["name"], s["status"]) for s in results["steps"]] == [
-        ("environment", "ok"), ("presets", "ok"), ("group_batching_tiny", "ok"), ("multi_tenant", "ok"),
+        ("environment", "ok"), ("presets", "ok"), ("multi_tenant", "ok"), ("group_batching_tiny", "ok"),
         ("projection", "ok"), ("tenant_memory", "ok")]
     rows = results["group_batching"]["tiny"]
     assert {(r["tenants"], r["local_batch"]) for r in rows} == {(1, 1), (1, 4), (8, 1), (8, 4)}
