@@ -1,5 +1,5 @@
 # The two commands of the README. Both set everything up from nothing first.
-.PHONY: setup demo test lint down
+.PHONY: setup demo test lint down gpu-bundle
 
 setup:
 	bash infra/setup.sh
@@ -19,3 +19,7 @@ lint:
 
 down:
 	.venv/bin/joynexus broker down
+
+# What benchmarks/gpu.sh --bundle needs on a GPU machine without network or Java (.gpu-bundle/).
+gpu-bundle: setup
+	.venv/bin/python -m benchmarks.gpu_bundle
