@@ -6,7 +6,7 @@ observation becomes a task: its backbone request joins the group batcher
 (flush at B requests or after T ms, one forward per compatible group, on the
 device gate's inference queue, which goes before training), then the
 tenant's head acts on its own feature row: the rows of one policy that a group brings back act
-together, at one fixed shape (``consumers.acts``), so a row's action is the same whoever shared
+together, at one fixed shape (``tenants.acts``), so a row's action is the same whoever shared
 its group. A group also flushes as soon as every
 session answered in the last second has asked again (``backbone.batcher``), so
 T can be long enough for sessions answered together to come back together.
@@ -45,7 +45,6 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from backbone.batcher import BatcherConfig, GroupBatcher, GroupRecord
 from backbone.timeline import JSONL_SUFFIX
-from consumers.acts import TickActs
 from consumers.bus.loop import bind_record, commit_within, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
@@ -58,6 +57,7 @@ from producers.producer import EventProducer
 from schemas import events as ev
 from schemas.codec import Codec
 from schemas.tensors import from_numpy
+from tenants.acts import TickActs
 from tenants.heads import ActorOutput
 from tenants.slot import TenantSlot
 

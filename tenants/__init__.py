@@ -7,6 +7,7 @@ No Kafka here. One file per job:
 * ``suffix``      the policy suffix: a transformer block over the backbone's tokens, with peft LoRA
 * ``policy``      a tenant's modules as one nn.Module, built from seeds without the global RNG;
                   ``act_each``: rollout actions at one fixed shape
+* ``acts``        TickActs: the actions asked of one policy in one event-loop tick, in one ``act_each``
 * ``targets``     SFT and PPO targets, and the checks that a batch fits a tenant
 * ``losses``      L1 on action chunks; clipped-surrogate PPO
 * ``optim``       AdamW, the LR schedule, optimizer state as named tensors

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import torch
 
-from consumers.acts import TickActs
+from tenants.acts import TickActs
 from tenants.policy import build_policy
 from tests.test_tenant_modules import make_feature, tenant_config
 
