@@ -69,7 +69,7 @@ if [ $DRY = 1 ]; then
   MT_BACKBONE=tiny; MT_ARGS=(--scenario smoke --repeats 1 --no-maniskill --deployment processes --warm-up smoke)
 else
   DEVICE=cuda; DTYPE=bfloat16; GB_FIRST="gpu-2b"; GB_LATER="gpu-1b gpu-4b"; GB_REPEATS=5; GB_GRID=()
-  GB_THREADS=0  # torch's default: every core draws the random weights of a preset built on first use
+  GB_THREADS=0  # torch's default: the forwards run on the GPU, no role shares the CPUs with this step
   MEM_PRESETS="gpu-1b gpu-2b gpu-4b"; MEM_DEVICE=cuda
   MT_BACKBONE=gpu-2b; MT_ARGS=(--scenario quick --repeats 1 --deployment processes --warm-up smoke)
   # ManiSkill needs its package and a Vulkan device; without them the third RL tenant runs the
@@ -120,14 +120,7 @@ fi
 # the multi-tenant step's now (a bf16 preset is drawn on the GPU: ~20 s for gpu-2b with its save
 # on the H200; on that machine's CPU the draw took over 120 s), so that its device host, on its
 # one pinned core, loads the backbone instead of drawing it.
-step presets 120 "$PY" -c "
-import sys, time
-from backbone.model import ensure_preset
-from infra.settings import Settings
-for name in sys.argv[1:]:
-    began = time.perf_counter(); path = ensure_preset(name, Settings().model_dir)
-    print(f'{name}: {path} ({time.perf_counter() - began:.1f} s)')
-" "$MT_BACKBONE"
+step presets 120 env JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" "$PY" -m infra backbone build "$MT_BACKBONE"
 
 group_batching() {
   step "group_batching_$1" 120 "$PY" benchmarks/group_batching.py --preset "$1" --threads "$GB_THREADS" \
