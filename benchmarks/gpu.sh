@@ -4,7 +4,8 @@
 # The GPU figures of the README in one run on one GPU (sized for an H200 in under 10 minutes),
 # most wanted first, so that a run cut short by its budget still brings the headline figures:
 #   1. shared vs isolated for the demo scenario on the GPU (benchmarks/multi_tenant.py, gpu-2b,
-#      roles as processes: the device host and the optimizer on CPU 0, the rest on the others);
+#      roles as processes: the device host on one core, the optimizer on another, the rest on the
+#      others);
 #   2. group batching, bf16: tenants {1,2,4,8} x local batch {1,2,4,8}, grouped vs separate
 #      forwards, for the gpu-2b preset (benchmarks/group_batching.py);
 #   3. the projection model (benchmarks/projection.py) replaying those traces with gpu-2b forwards
@@ -24,8 +25,9 @@
 # the broker's jars), unpacked into a temporary folder, leaving the machine's packages alone.
 # The broker is the local one (started if needed) unless JOYNEXUS_BOOTSTRAP_SERVERS points
 # elsewhere. Every step has its own time limit and the whole run a budget (--budget, default
-# 570 s): a step that fails or does not fit is recorded as such in results.json and the others
-# still run, so a partial run still brings its numbers back.
+# 570 s; the multi-tenant step's own limit is $MT_LIMIT, default 480 s): a step that fails or does
+# not fit is recorded as such in results.json and the others still run, so a partial run still
+# brings its numbers back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
     --out) OUT="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
     --bundle) BUNDLE="$2"; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -76,6 +78,11 @@ else
   # built-in Push task (still 3 RL + 1 SFT, the paper's mix).
   "$PY" -c "import sys, mani_skill, envs.vulkan as v; sys.exit(not v.vulkan_available())" >/dev/null 2>&1 \
     || MT_ARGS+=(--builtin-third)
+  # The device's work is the GPU's here, so its two host-side processes (the device host, the
+  # optimizer) get a core each instead of sharing one, and the other roles the remaining cores.
+  CPUS=$("$PY" -c 'import os; c = [str(i) for i in sorted(os.sched_getaffinity(0))]; print(
+    f"device={c[0]},optimizer={c[1]},rest=" + "+".join(c[2:]) if len(c) > 2 else "")')
+  [ -n "$CPUS" ] && MT_ARGS+=(--cpus "$CPUS")
 fi
 export JOYNEXUS_TORCH_THREADS=${JOYNEXUS_TORCH_THREADS:-1} HF_HUB_OFFLINE=1  # nothing is downloaded at run time
 
@@ -127,7 +134,7 @@ group_batching() {
     --device "$DEVICE" --dtype "$DTYPE" --repeats "$GB_REPEATS" ${GB_GRID[@]+"${GB_GRID[@]}"} \
     --json "$OUT/group_batching_$1.json"
 }
-step multi_tenant 480 env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
+step multi_tenant "${MT_LIMIT:-480}" env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
   "$PY" -m benchmarks.multi_tenant "${MT_ARGS[@]}" --json "$OUT/multi_tenant.json" --run-dir "$OUT/multi_tenant_run"
 
 group_batching "$GB_FIRST"

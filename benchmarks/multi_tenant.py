@@ -535,6 +535,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                         run = await run_mode(device, client, turns, base, mode, label, optimizer)
                         run["repeat"], run["order"] = r, "-".join(modes)
                         runs.append(run)
+                        # each pass as it ends: a run cut short by a time limit still shows its passes
+                        progress.console.print(
+                            f"repeat {r + 1} {mode}: makespan {run['makespan_s']:.1f} s, inference busy "
+                            f"{run['busy_inference_s']:.1f} s in {run['forwards_inference']:.0f} forwards, "
+                            f"optimizer {run['busy_optimizer_s']:.1f} s")
                         progress.advance(bar)
         same = bit_identical(store, runs)
     result = {"scenario": args.scenario, "tenants": len(base), "backbone": settings.backbone,
