@@ -51,6 +51,12 @@ class VLAFeature:
         return VLAFeature(*(torch.cat([getattr(f, n) for f in features]) for n in
                             ("sequence", "attention_mask", "pooled", "proprio", "task_id")))
 
+    def to(self, device: torch.device | str) -> VLAFeature:
+        """The same rows on ``device`` (no copy where they already are)."""
+        return VLAFeature(*(t.to(device) for t in
+                            (self.sequence, self.attention_mask, self.pooled, self.proprio,
+                             self.task_id)))
+
     def detach(self) -> VLAFeature:
         return VLAFeature(*(t.detach() for t in
                             (self.sequence, self.attention_mask, self.pooled, self.proprio,

@@ -78,6 +78,8 @@ class TenantPolicy(nn.Module):
 
     def encode(self, feature: VLAFeature) -> torch.Tensor:
         """The head's input ``[B, width + proprio_dim]``: suffix output (or pooled) and proprio."""
+        # features leave the backbone on the CPU (split per row, cached); the modules may be on a GPU
+        feature = feature.to(next(self.head.parameters()).device)
         if self.suffix is not None:
             x = self.suffix(feature.sequence, feature.attention_mask)
         else:

@@ -81,12 +81,6 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _feature_to(feature: VLAFeature, device: torch.device) -> VLAFeature:
-    # detach: a tenant's backward must never reach into the shared group's graph
-    return VLAFeature(*(t.detach().to(device) for t in (
-        feature.sequence, feature.attention_mask, feature.pooled, feature.proprio, feature.task_id)))
-
-
 class TenantSlot:
     """One tenant's trainable state. Created unmounted; ``mount(device)`` before stepping.
 
@@ -147,7 +141,8 @@ class TenantSlot:
         """Loss, backward, clip, AdamW update on this slot only; returns the step's metrics."""
         device = self._ready()
         check_batch(self.config, feature, targets)
-        feature, targets = _feature_to(feature, device), targets.to(device)
+        # detach: a tenant's backward must never reach into the shared group's graph
+        feature, targets = feature.detach().to(device), targets.to(device)
         self.optimizer.zero_grad(set_to_none=True)
         try:
             loss, metrics = self.policy.loss(feature, targets)
@@ -182,7 +177,7 @@ class TenantSlot:
         """Rollout actions; Gaussian sampling draws from (and advances) this slot's generator."""
         device = self._ready()
         check_feature(self.config, feature)
-        return self.policy.act(_feature_to(feature, device), self.generator, deterministic)
+        return self.policy.act(feature.detach().to(device), self.generator, deterministic)
 
     def memory(self) -> SlotMemory:
         params = list(self.policy.parameters())

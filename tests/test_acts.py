@@ -50,3 +50,14 @@ async def test_a_policy_that_raises_fails_every_row_of_its_call_and_no_other() -
     assert isinstance(results[2], torch.Tensor) and results[2].shape[0] == 1
     with pytest.raises(RuntimeError):  # nothing stays queued: the next call runs anew and fails again
         await acts.act(bad, rows[0], torch.Generator(), True)
+
+
+@pytest.mark.parametrize("kind,lora_rank", [("gaussian_actor_critic", 4), ("chunk_regression", 0)])
+def test_rows_act_on_the_device_of_the_modules_not_of_the_features(kind: str, lora_rank: int) -> None:
+    # Features leave the backbone on the CPU; on a GPU machine the tenant's modules are on the GPU
+    # (this failed there until 2026-12-04). The meta device stands in for it: it checks devices
+    # and computes nothing.
+    policy = build_policy(tenant_config("a", kind=kind, lora_rank=lora_rank), init_seed=1).to("meta")
+    rows = make_feature(torch.Generator().manual_seed(3), batch=2).split([1, 1])
+    outs = policy.act_each(rows, [torch.Generator().manual_seed(i) for i in range(2)])
+    assert all((o.action if kind == "gaussian_actor_critic" else o).device.type == "meta" for o in outs)
