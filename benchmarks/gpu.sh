@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/gpu.sh [--dry-run] [--out DIR] [--budget SECONDS] [--bundle DIR]
+# benchmarks/gpu.sh [--dry-run] [--headline] [--out DIR] [--budget SECONDS] [--bundle DIR]
 #
 # The GPU figures of the README in one run on one GPU (sized for an H200 in under 10 minutes),
 # most wanted first, so that a run cut short by its budget still brings the headline figures:
@@ -14,6 +14,7 @@
 #      memory_allocated for one more tenant (benchmarks/tenant_memory.py --device cuda);
 #   5. the group-batching table of gpu-1b and gpu-4b;
 #   then results.json + results.md in the output folder (benchmarks/gpu_summary.py).
+# --headline runs only 1 and 3 (with the 2026-12-04 table): for a short lease.
 #
 # --dry-run does the same on the CPU with the tiny preset (fp32, 1 repeat, the smoke scenario
 # without ManiSkill, a 2x2 corner of the batching grid): the test suite runs it
@@ -32,16 +33,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DRY=0
+HEADLINE=0
 OUT=""
 BUDGET=570
 BUNDLE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1 ;;
+    --headline) HEADLINE=1 ;;
     --out) OUT="$2"; shift ;;
     --budget) BUDGET="$2"; shift ;;
     --bundle) BUNDLE="$2"; shift ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -137,7 +140,7 @@ group_batching() {
 step multi_tenant "${MT_LIMIT:-480}" env JOYNEXUS_BACKBONE="$MT_BACKBONE" JOYNEXUS_DEVICE="$DEVICE" JOYNEXUS_DTYPE="$DTYPE" \
   "$PY" -m benchmarks.multi_tenant "${MT_ARGS[@]}" --json "$OUT/multi_tenant.json" --run-dir "$OUT/multi_tenant_run"
 
-group_batching "$GB_FIRST"
+[ $HEADLINE = 1 ] || group_batching "$GB_FIRST"
 
 # PROJECTION (labelled so in its output): the measured traces above replayed by the device model
 # with this run's forward times of the 2B preset (tiny in a dry run).
@@ -151,10 +154,10 @@ else
   echo '{"name": "projection", "status": "skipped", "reason": "needs the multi_tenant traces and the batching table"}' >> "$STEPS"
 fi
 
-step tenant_memory 60 "$PY" benchmarks/tenant_memory.py --presets $MEM_PRESETS --device "$MEM_DEVICE" \
+[ $HEADLINE = 1 ] || step tenant_memory 60 "$PY" benchmarks/tenant_memory.py --presets $MEM_PRESETS --device "$MEM_DEVICE" \
   --json "$OUT/tenant_memory.json"
 
-for preset in $GB_LATER; do group_batching "$preset"; done
+[ $HEADLINE = 1 ] || for preset in $GB_LATER; do group_batching "$preset"; done
 
 "$PY" benchmarks/gpu_summary.py "$OUT"
 echo "results: $OUT/results.md, $OUT/results.json (total $(( $(date +%s) - START ))s)"
