@@ -3,9 +3,9 @@
 #
 # The GPU figures of the README in one run on one GPU (sized for an H200 in under 10 minutes),
 # most wanted first, so that a run cut short by its budget still brings the headline figures:
-#   1. shared vs isolated for the demo scenario on the GPU (benchmarks/multi_tenant.py, gpu-2b,
-#      roles as processes: the device host on one core, the optimizer on another, the rest on the
-#      others);
+#   1. shared vs isolated for the demo scenario with 3 RL iterations a tenant
+#      (benchmarks/multi_tenant.py, gpu-2b, roles as processes: the device host on one core, the
+#      optimizer on another, the rest on the others);
 #   2. group batching, bf16: tenants {1,2,4,8} x local batch {1,2,4,8}, grouped vs separate
 #      forwards, for the gpu-2b preset (benchmarks/group_batching.py);
 #   3. the projection model (benchmarks/projection.py) replaying those traces with gpu-2b forwards
@@ -76,7 +76,9 @@ else
   DEVICE=cuda; DTYPE=bfloat16; GB_FIRST="gpu-2b"; GB_LATER="gpu-1b gpu-4b"; GB_REPEATS=5; GB_GRID=()
   GB_THREADS=0  # torch's default: the forwards run on the GPU, no role shares the CPUs with this step
   MEM_PRESETS="gpu-1b gpu-2b gpu-4b"; MEM_DEVICE=cuda
-  MT_BACKBONE=gpu-2b; MT_ARGS=(--scenario quick --repeats 1 --deployment processes --warm-up smoke)
+  # 3 of the quick scenario's 8 RL iterations: at gpu-2b on an H200 a Reach iteration took 10-15 s
+  # and the isolated pass alone ~400 s (benchmarks/gpu-runs/2026-12-04-h200-second/)
+  MT_BACKBONE=gpu-2b; MT_ARGS=(--scenario quick --iterations 3 --repeats 1 --deployment processes --warm-up smoke)
   # ManiSkill needs its package and a Vulkan device; without them the third RL tenant runs the
   # built-in Push task (still 3 RL + 1 SFT, the paper's mix).
   "$PY" -c "import sys, mani_skill, envs.vulkan as v; sys.exit(not v.vulkan_available())" >/dev/null 2>&1 \

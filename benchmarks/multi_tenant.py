@@ -110,19 +110,22 @@ BATCHING = ("inference_target_batch", "inference_max_wait_ms", "train_forward_bu
             "train_max_wait_ms")  # the rules benchmarks/projection.py plays
 
 
-def bench_scenario(name: str, dataset: Path, maniskill: bool,
-                   builtin_third: bool = False) -> list[dict[str, Any]]:
+def bench_scenario(name: str, dataset: Path, maniskill: bool, builtin_third: bool = False,
+                   iterations: int | None = None) -> list[dict[str, Any]]:
     """The demo's job specs (``quick`` or ``full``), or ``smoke``: the quick ones shrunk to seconds.
     ``builtin_third``: the third RL tenant on the built-in Push task instead of ManiSkill PushCube
-    (still 3 RL + 1 SFT, without ManiSkill's 20-40 ms renders and its start-up)."""
-    specs = scenario(name != "full", dataset, maniskill and not builtin_third)
+    (still 3 RL + 1 SFT, without ManiSkill's 20-40 ms renders and its start-up). ``iterations``:
+    at most that many per RL tenant (``quick``/``full``; the SFT tenant keeps its epochs)."""
+    specs = copy.deepcopy(scenario(name != "full", dataset, maniskill and not builtin_third))
     if builtin_third:
         reach = next(s for s in specs if s["kind"] == "rl")
         specs.append({**copy.deepcopy(reach), "tenant": "push", "seed": 4,
                       "env": {**reach["env"], "env_id": "joynexus/Push-v0"}})
     if name != "smoke":
+        for spec in specs:
+            if spec["kind"] == "rl" and iterations is not None:
+                spec["rl"]["iterations"] = min(iterations, spec["rl"]["iterations"])
         return specs
-    specs = copy.deepcopy(specs)
     for spec in specs:
         if spec["kind"] == "rl":
             spec["env"]["max_episode_steps"] = 8
@@ -511,7 +514,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     tag = datetime.now(UTC).strftime("%m%d%H%M%S")
     run_dir = args.run_dir or settings.run_dir / f"multi-tenant-{tag}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    base = bench_scenario(args.scenario, dataset, not args.no_maniskill, args.builtin_third)
+    base = bench_scenario(args.scenario, dataset, not args.no_maniskill, args.builtin_third, args.iterations)
     order = [("isolated", "shared") if r % 2 == 0 else ("shared", "isolated") for r in range(args.repeats)]
     async with TopicAdmin(settings) as admin:
         await admin.ensure_shared()
@@ -542,7 +545,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                             f"optimizer {run['busy_optimizer_s']:.1f} s")
                         progress.advance(bar)
         same = bit_identical(store, runs)
-    result = {"scenario": args.scenario, "tenants": len(base), "backbone": settings.backbone,
+    result = {"scenario": args.scenario, "iterations": args.iterations, "tenants": len(base),
+              "backbone": settings.backbone,
               "repeats": args.repeats, "warm_up": args.warm_up, "deployment": args.deployment,
               "cpu_affinity": settings.cpu_affinity,
               "feature_cache_mb": settings.train_feature_cache_mb,
@@ -615,6 +619,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3,
                         help="rounds of (isolated, shared), alternating which goes first")
     parser.add_argument("--scenario", choices=("smoke", "quick", "full"), default="quick")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="at most this many iterations per RL tenant (quick: 8; the SFT tenant "
+                             "is unchanged): a shorter run with the same kinds of work")
     parser.add_argument("--no-maniskill", action="store_true", help="drop the ManiSkill tenant")
     parser.add_argument("--builtin-third", action="store_true",
                         help="the third RL tenant on the built-in Push task instead of ManiSkill PushCube")
@@ -637,6 +644,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
+    if args.iterations is not None and args.iterations < 1:
+        parser.error("--iterations must be >= 1")
     if args.env_workers < 1:
         parser.error("--env-workers must be >= 1")
     return args

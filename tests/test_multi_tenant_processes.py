@@ -108,3 +108,22 @@ def test_a_run_the_vm_host_stole_more_from_one_mode_says_so() -> None:
     assert "understated" in printed(runs([0.01], [0.08]))
     even = printed(runs([0.051, 0.050, 0.031], [0.054, 0.036, 0.044]))  # the 06:15 run's shares
     assert "isolated 5.0%, shared 4.4%" in even and "warning" not in even
+
+
+def test_iterations_caps_every_rl_tenant_and_leaves_the_sft_tenant_alone(tmp_path: Path) -> None:
+    # gpu.sh runs the quick scenario with --iterations 3: at gpu-2b on an H200 a Reach iteration
+    # took 10-15 s, and the full quick scenario does not fit the step's limit
+    from benchmarks.multi_tenant import bench_scenario
+
+    quick = bench_scenario("quick", tmp_path, maniskill=True)
+    capped = bench_scenario("quick", tmp_path, maniskill=True, iterations=3)
+    assert [s["tenant"] for s in capped] == [s["tenant"] for s in quick]
+    for full, short in zip(quick, capped, strict=True):
+        if full["kind"] == "rl":
+            assert short["rl"]["iterations"] == min(3, full["rl"]["iterations"])
+            assert {**short["rl"], "iterations": 0} == {**full["rl"], "iterations": 0}
+        else:
+            assert short == full
+    assert {s["rl"]["iterations"] for s in quick if s["kind"] == "rl"} == {8, 2}  # the cap bites
+    pushed = bench_scenario("quick", tmp_path, maniskill=False, builtin_third=True, iterations=3)
+    assert [s["rl"]["iterations"] for s in pushed if s["kind"] == "rl"] == [3, 3, 3]
