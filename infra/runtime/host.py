@@ -103,14 +103,20 @@ class _Sampler:
             self.done = work.done
         partitions, lag, known = [], 0, False
         for consumer in work.consumers:
-            for tp in consumer.assignment():
-                partitions.append(f"{tp.topic}:{tp.partition}")
-                end = consumer.last_stable_offset(tp)
-                end = consumer.highwater(tp) if end is None else end
+            for tp in tuple(consumer.assignment()):
                 try:
                     position = await asyncio.wait_for(consumer.position(tp), 0.5)
                 except Exception:  # not positioned yet (joining, rewinding): count what is known
+                    position = None
+                # A rebalance during an await of this loop (a tenant's topics created or deleted)
+                # may have revoked tp: no longer this role's work, and aiokafka asserts on it.
+                if tp not in consumer.assignment():
                     continue
+                partitions.append(f"{tp.topic}:{tp.partition}")
+                if position is None:
+                    continue
+                end = consumer.last_stable_offset(tp)
+                end = consumer.highwater(tp) if end is None else end
                 if end is not None:
                     # A transaction's commit marker occupies the offset after its last record, and the
                     # position can rest just before it: one offset past the position is not work
