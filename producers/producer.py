@@ -5,12 +5,8 @@ acknowledged it. ``send_raw`` publishes bytes as they are (the DLQ keeps the
 original bytes of a record it could not decode). With a ``transactional_id``
 the same class is the transactional producer of consume-transform-produce.
 
-Deleted topics are forgotten: aiokafka names every topic a producer has written to
-in each of its metadata requests for the producer's lifetime, and logs an error
-for each one that no longer exists at every refresh, so one deleted tenant would
-fill every long-running role's log. Here a topic that was in the metadata and then
-vanished is dropped after the refresh that noticed (one error line per topic and
-producer); writing to it again tracks it again.
+Topics deleted under it (a tenant that left) are forgotten after one INFO line
+(``producers/deleted_topics.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.cluster import ClusterMetadata
 from aiokafka.structs import RecordMetadata, TopicPartition
 
 from infra.connection import client_options
 from infra.settings import Settings
+from producers.deleted_topics import WrittenTopics
 from schemas.codec import Codec
 from schemas.events import Event
 
@@ -61,25 +57,13 @@ class EventProducer:
             max_request_size=MAX_REQUEST_BYTES,
             linger_ms=settings.producer_linger_ms,
         )
-        self._written: set[str] = set()  # the topics aiokafka tracks for this producer
-        self._seen: set[str] = set()  # of those, the ones the broker's metadata has listed
+        self._topics = WrittenTopics()
 
     async def start(self) -> None:
         # With a transactional id this also runs InitProducerId, fencing any
         # older producer (a zombie worker) that used the same id.
         await self._producer.start()
-        self._producer.client.cluster.add_listener(self._forget_deleted)
-
-    def _forget_deleted(self, cluster: ClusterMetadata) -> None:
-        """After each metadata refresh: stop tracking written topics that have vanished.
-        Only seen ones: a topic created a moment ago may not be in the metadata yet."""
-        present = cluster.topics()
-        self._seen |= self._written & present
-        gone = self._seen - present
-        if gone:
-            self._seen -= gone
-            self._written -= gone
-            self._producer.client.set_topics(self._written)  # empty: every topic, no errors
+        self._topics.attach(self._producer.client)
 
     async def stop(self) -> None:
         await self._producer.stop()
@@ -102,7 +86,7 @@ class EventProducer:
         self, topic: str, value: bytes | None, key: str | bytes | None = None,
         headers: Headers = (), partition: int | None = None, timestamp_ms: int | None = None,
     ) -> RecordMetadata:
-        self._written.add(topic)
+        self._topics.add(topic)
         future = await self._producer.send(
             topic, value=value, key=_key(key), headers=list(headers),
             partition=partition, timestamp_ms=timestamp_ms,
@@ -120,7 +104,7 @@ class EventProducer:
         self, topic: str, value: bytes | None, key: str | bytes | None = None,
         headers: Headers = (), timestamp_ms: int | None = None, partition: int | None = None,
     ) -> None:
-        self._written.add(topic)
+        self._topics.add(topic)
         await self._producer.send(topic, value=value, key=_key(key), headers=list(headers),
                                   timestamp_ms=timestamp_ms, partition=partition)
 
