@@ -6,9 +6,7 @@ import asyncio
 import logging
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
-from infra.connection import client_options
 from infra.settings import Settings
 from infra.topics import TopicAdmin
 from producers.producer import EventProducer
@@ -25,15 +23,6 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
-async def _delete(settings: Settings, topic: str) -> None:
-    admin = AIOKafkaAdminClient(**client_options(settings))
-    await admin.start()
-    try:
-        await admin.delete_topics([topic])
-    finally:
-        await admin.close()
-
-
 async def test_a_deleted_topic_is_reported_once_at_info_then_forgotten(
         settings: Settings, unique: str) -> None:
     doomed, kept = f"test.doomed.{unique}", f"test.kept.{unique}"
@@ -48,7 +37,8 @@ async def test_a_deleted_topic_is_reported_once_at_info_then_forgotten(
                 await admin.ensure_topic(kept, 1)
             await producer.send_raw(doomed, b"before")
             await producer.send_raw(kept, b"before")
-            await _delete(settings, doomed)
+            async with TopicAdmin(settings) as admin:
+                await admin.delete_topics([doomed])
             client = producer._producer.client  # the refreshes a long-running role gets over hours
             for _ in range(50):
                 await client.force_metadata_update()
