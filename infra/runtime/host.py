@@ -87,11 +87,13 @@ def build_role(name: str, settings: Settings, service: Any, instance: str, **env
 
 class _Sampler:
     """Turns a role's ``workload()`` into a heartbeat sample: partitions and lag from its
-    consumers, and the time its ``done`` count last moved (its progress)."""
+    consumers, and the time its ``done`` count last moved (its progress). A sample takes at most
+    ``budget_s``: partitions not positioned by then are listed without their lag."""
 
-    def __init__(self, role: Role, gc_clock: gc_policy.GcClock | None = None):
+    def __init__(self, role: Role, gc_clock: gc_policy.GcClock | None = None, budget_s: float = 1.0):
         self.role = role
         self.gc_clock = gc_clock
+        self.budget_s = budget_s
         self.done: int | None = None
         self.progress_at: datetime | None = None
 
@@ -102,10 +104,16 @@ class _Sampler:
                 self.progress_at = datetime.now(UTC)
             self.done = work.done
         partitions, lag, known = [], 0, False
+        # One deadline for the whole sample, not one per partition: after a rebalance every partition
+        # may wait to be positioned, and many such waits overran the heartbeat's own timeout (measured:
+        # 2 env-worker samples lost per benchmark run).
+        clock = asyncio.get_running_loop().time
+        deadline = clock() + self.budget_s
         for consumer in work.consumers:
             for tp in tuple(consumer.assignment()):
+                left = min(0.5, deadline - clock())
                 try:
-                    position = await asyncio.wait_for(consumer.position(tp), 0.5)
+                    position = await asyncio.wait_for(consumer.position(tp), left) if left > 0 else None
                 except Exception:  # not positioned yet (joining, rewinding): count what is known
                     position = None
                 # A rebalance during an await of this loop (a tenant's topics created or deleted)
@@ -191,7 +199,7 @@ class RoleHost:
             await beat
 
     async def _beat(self, name: str) -> None:
-        sample = _Sampler(self.roles[name], self.gc_clock)
+        sample = _Sampler(self.roles[name], self.gc_clock, budget_s=self.settings.heartbeat_s / 2)
 
         async def current() -> HealthSample:
             sample.role = self.roles[name]  # a rebuilt role keeps the same heartbeat stream
