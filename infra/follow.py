@@ -29,6 +29,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.structs import ConsumerRecord, TopicPartition
 
 from infra.connection import client_options
+from infra.deleted_topic_lines import remember_listed
 from infra.errors import SchemaError, TenantMismatch
 from infra.every_topic import track_every_topic
 from infra.logging import get_logger
@@ -73,6 +74,7 @@ class TopicFollower:
             # a pattern's refresh lists every topic; one assigned topic needs no refresh to be seen
             metadata_max_age_ms=settings.pattern_refresh_ms if seek is None else 300_000,
             fetch_max_wait_ms=settings.fetch_max_wait_ms)))
+        remember_listed(self.consumer._client)
         self.applied = 0
         self.reads = 0  # polls that brought records: fetch cycles, what settle_s bounds
         self._task: asyncio.Task | None = None

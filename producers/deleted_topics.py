@@ -1,4 +1,4 @@
-"""Topics deleted under a long-running producer: forgotten, and reported once, at INFO.
+"""Topics deleted under a long-running producer: forgotten after the refresh that noticed.
 
 aiokafka names every topic a producer has written to in each of its metadata requests
 for the producer's lifetime, and logs ``Topic X not found in cluster metadata`` at ERROR
@@ -12,33 +12,18 @@ Guarantees, per producer (``WrittenTopics``):
   asks for, after the refresh that noticed; writing to it again tracks it again;
 * a topic created a moment ago and not listed yet is never dropped (aiokafka's wait for
   its metadata would then never end);
-* that refresh's one line is logged at INFO when a producer of this process had seen the
-  topic exist (it was deleted: information, not a fault); a topic never seen (a typo, a
-  missing grant) stays an ERROR.
+* that refresh's one line is logged at INFO (``infra/deleted_topic_lines.py``).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from aiokafka.cluster import ClusterMetadata
 
+from infra.deleted_topic_lines import remember_listed
+
 __all__ = ["WrittenTopics"]
-
-_NOT_FOUND = "Topic %s not found in cluster metadata"  # aiokafka.cluster's message
-_seen_here: set[str] = set()  # every topic a producer of this process has seen listed
-
-
-class _DeletedIsInfo(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == _NOT_FOUND and record.args and record.args[0] in _seen_here:
-            record.levelno, record.levelname = logging.INFO, "INFO"
-            record.msg = _NOT_FOUND + " (deleted since this process wrote to it)"
-        return True
-
-
-_FILTER = _DeletedIsInfo()
 
 
 class WrittenTopics:
@@ -52,7 +37,7 @@ class WrittenTopics:
     def attach(self, client: Any) -> None:
         self._client = client
         client.cluster.add_listener(self._refreshed)
-        logging.getLogger("aiokafka.cluster").addFilter(_FILTER)  # once: a set of filters
+        remember_listed(client)
 
     def add(self, topic: str) -> None:
         self.written.add(topic)
@@ -61,7 +46,6 @@ class WrittenTopics:
         present = cluster.topics()
         listed = self.written & present
         self.seen |= listed
-        _seen_here.update(listed)
         gone = self.seen - present
         if gone:
             self.seen -= gone

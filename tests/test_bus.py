@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -549,6 +550,50 @@ async def test_a_pattern_consumer_keeps_every_topic_after_asking_about_a_deleted
     narrowed = raw._client._topics
     await raw.stop()
     assert narrowed == {topics[0]}, "aiokafka keeps every topic now: track_every_topic may be unneeded"
+
+
+async def test_an_offset_lookup_of_a_deleted_topic_is_logged_at_info(settings: Settings, unique: str) -> None:
+    """A consumer resetting a partition's offset after its topic was deleted, before the rebalance
+    takes it away (env workers, when a tenant leaves): aiokafka logs a WARNING and an ERROR each
+    time; both are INFO for a topic this process saw exist (``infra/deleted_topic_lines.py``)."""
+    topic = f"gone.{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_topic(topic, 1)
+    tp = TopicPartition(topic, 0)
+    lines = _Records()
+    fetcher = logging.getLogger("aiokafka.consumer.fetcher")
+    fetcher.addHandler(lines)
+    consumer = make_consumer(settings, f"gone-{unique}")
+    await consumer.start()
+    try:
+        consumer.assign([tp])
+        assert await consumer.position(tp) == 0  # listed, positioned: seen to exist
+        # no fetches: a fetch's answer for the deleted topic would refresh the metadata first, and
+        # the lookup below would then wait for a leader instead of asking the stale one
+        consumer.pause(tp)
+        async with TopicAdmin(settings) as admin:
+            await admin.delete_topics([topic])
+        with contextlib.suppress(TimeoutError, KafkaError):  # asks the (stale) leader, which has it no more
+            await asyncio.wait_for(consumer.seek_to_beginning(tp), 3)
+    finally:
+        await consumer.stop()
+        fetcher.removeHandler(lines)
+    about = [(r.levelno, r.getMessage()) for r in lines.records if topic in r.getMessage()]
+    # aiokafka alone: a WARNING ("Received unknown topic or partition error in ListOffset request")
+    # and an ERROR ("Failed fetch offsets from 1: [Error 3] UnknownTopicOrPartitionError") per try
+    assert any("Failed fetch offsets" in message for _, message in about), about
+    assert any("ListOffset request" in message for _, message in about), about
+    assert all(level == logging.INFO and message.endswith("(deleted since this process saw it)")
+               for level, message in about), about
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 async def wait_for_assignment(consumer: AIOKafkaConsumer, topics: list[str], timeout_s: float = 60.0) -> None:

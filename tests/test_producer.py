@@ -52,7 +52,7 @@ async def test_a_deleted_topic_is_reported_once_at_info_then_forgotten(
             about_doomed = [(r.levelno, r.getMessage()) for r in lines.records if doomed in r.getMessage()]
             # aiokafka alone: an ERROR at each of the 4 refreshes since the deletion showed
             assert about_doomed == [(logging.INFO, f"Topic {doomed} not found in cluster metadata "
-                                                   "(deleted since this process wrote to it)")]
+                                                   "(deleted since this process saw it)")]
             assert (await producer.send_raw(kept, b"after")).offset == 1
             async with TopicAdmin(settings) as admin:  # the tenant comes back: writing tracks it again
                 await admin.ensure_topic(doomed, 1)

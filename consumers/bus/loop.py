@@ -30,6 +30,7 @@ from aiokafka.structs import ConsumerRecord, TopicPartition
 from consumers.bus.dlq import publish_dead_letter
 from consumers.bus.protocols import Handler, RecordContext
 from infra.connection import client_options
+from infra.deleted_topic_lines import remember_listed
 from infra.errors import ProcessingError, SchemaError, TenantMismatch
 from infra.every_topic import track_every_topic
 from infra.logging import get_logger
@@ -92,6 +93,7 @@ def make_consumer(
         **extra,
     )
     track_every_topic(fetch_apart(consumer))
+    remember_listed(consumer._client)
     if pattern:
         consumer.subscribe(pattern=pattern, listener=listener)
     elif topics:
