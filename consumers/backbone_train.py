@@ -98,7 +98,7 @@ class BackboneTrainRole:
         self.service = service
         settings = self.settings = service.settings
         self.instance = instance
-        self.codec = Codec()
+        self.codec = Codec.for_settings(service.settings)
         self.consumer = make_consumer(
             settings, GROUP, pattern=tenant_stream_pattern(settings, "gradient-jobs"),
             listener=_Listener(self),

@@ -52,7 +52,7 @@ class EvaluatorRole:
         self.service = service
         settings = self.settings = service.settings
         self.producer_id = f"evaluator/{instance}"
-        self.codec = Codec()
+        self.codec = Codec.for_settings(service.settings)
         # every tenant's rollouts go by; only evaluation sessions' are decoded (the training ones,
         # nearly all of them: their Avro decoding was 7% of its samples in a profiled benchmark run)
         self.reader = RolloutReader(

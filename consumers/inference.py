@@ -88,7 +88,7 @@ class InferenceRole:
         settings = self.settings = service.settings
         self.instance = instance
         self._next_export = 0.0
-        self.codec = Codec()
+        self.codec = Codec.for_settings(service.settings)
         self.consumer = make_consumer(
             settings, GROUP, pattern=tenant_stream_pattern(settings, "observations")
         )

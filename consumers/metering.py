@@ -112,7 +112,7 @@ def build_app(settings: Settings) -> faust.App:
     app.transport = _Transport(app.conf.broker_consumer, app)
     source = app.topic(shared_topic(settings, "usage"), key_type=bytes, value_type=bytes,
                        key_serializer="raw", value_serializer="raw")
-    codec = Codec()
+    codec = Codec.for_settings(settings)
 
     def event_time(event) -> float:  # noqa: ANN001 - a faust Event
         # The usage's own time, not the record's: a re-published copy of an event lands in the

@@ -104,7 +104,7 @@ class TenantOptimizer:
         self.group = f"optimizer.{tenant}"
         self.topic = tenant_topic(self.settings, tenant, "features")
         self.tp = TopicPartition(self.topic, 0)
-        self.codec = Codec()
+        self.codec = Codec.for_settings(service.settings)
         self.consumer = make_consumer(self.settings, self.group, topics=[self.topic])
         self.producer = EventProducer(
             self.settings, self.codec, transactional_id=f"optimizer-{tenant}", client_id=f"optimizer-{tenant}"

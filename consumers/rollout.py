@@ -131,7 +131,7 @@ class RolloutRole:
         self.service = service
         settings = self.settings = service.settings
         self.producer_id = f"rollout/{instance}"
-        self.codec = Codec()
+        self.codec = Codec.for_settings(service.settings)
         self.reader = RolloutReader(
             make_consumer(settings, GROUP, pattern=tenant_stream_pattern(settings, "rollouts")), self.codec
         )

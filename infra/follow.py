@@ -66,7 +66,7 @@ class TopicFollower:
         self.seek = seek
         self.apply = apply
         self.name = name
-        self.codec = codec or Codec()
+        self.codec = codec or Codec.for_settings(settings)
         self.consumer = track_every_topic(fetch_apart(AIOKafkaConsumer(
             **client_options(settings), client_id=f"{settings.client_id}-{name}",
             group_id=None, enable_auto_commit=False, auto_offset_reset="earliest",

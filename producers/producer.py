@@ -44,7 +44,7 @@ class EventProducer:
         client_id: str | None = None,
     ):
         self.settings = settings
-        self.codec = codec or Codec()
+        self.codec = codec or Codec.for_settings(settings)
         self.transactional_id = transactional_id
         self._producer = AIOKafkaProducer(
             **client_options(settings),

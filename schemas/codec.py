@@ -15,6 +15,7 @@ current schema, so records written before a schema change still decode.
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 from typing import Any, Protocol
@@ -23,6 +24,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from pydantic import ValidationError
 
 from infra.errors import DecodeError, EncodeError, SchemaError, UnknownSchema
+from schemas.confluent import ConfluentRegistry
 from schemas.events import EVENT_TYPES, Event
 from schemas.registry import SchemaRegistry, SchemaVersion
 
@@ -47,6 +49,13 @@ class Codec:
         self.registry = registry or SchemaRegistry()
         self.ids = ids
         self._by_id: dict[int, SchemaVersion] = {}
+
+    @classmethod
+    def for_settings(cls, settings: Any) -> Codec:
+        """The codec a process puts on the wire: Confluent framing when ``schema_registry_url`` is
+        set (one registry client per URL and process, so its id cache is shared), else single-object."""
+        url = settings.schema_registry_url
+        return cls(ids=_confluent(url)) if url else cls()
 
     @property
     def framing(self) -> str:
@@ -115,3 +124,8 @@ class Codec:
                 raise UnknownSchema(f"schema id {schema_id}: registry lookup failed: {exc}") from exc
             self._by_id[schema_id] = self.registry.add_writer_schema(schema)
         return self._by_id[schema_id]
+
+
+@functools.cache
+def _confluent(url: str) -> ConfluentRegistry:
+    return ConfluentRegistry(url)

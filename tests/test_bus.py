@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
+import json
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -49,6 +53,64 @@ async def test_every_schema_round_trips_through_the_broker(settings: Settings, u
     assert [r.error for r in records] == [None] * len(events)
     assert [r.event for r in records] == events
     assert [r.key.decode() for r in records] == [type(e).__name__ for e in events]
+
+
+class _Registry(http.server.BaseHTTPRequestHandler):
+    """Confluent's schema-registry REST API, the two endpoints the codec uses, served for real over
+    HTTP (the registry is an external service joynexus does not run)."""
+
+    schemas: ClassVar[dict[int, str]] = {}
+
+    def do_POST(self) -> None:  # POST /subjects/<record name>/versions
+        schema = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["schema"]
+        sid = next((sid for sid, known in self.schemas.items() if known == schema), None)
+        if sid is None:
+            sid = 100 + len(self.schemas)
+            self.schemas[sid] = schema
+        self._answer(200, {"id": sid})
+
+    def do_GET(self) -> None:  # GET /schemas/ids/<id>
+        sid = int(self.path.rsplit("/", 1)[1])
+        if sid in self.schemas:
+            self._answer(200, {"schema": self.schemas[sid]})
+        else:
+            self._answer(404, {"error_code": 40403})
+
+    def _answer(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+async def test_a_configured_schema_registry_frames_what_the_service_writes(settings: Settings,
+                                                                          unique: str) -> None:
+    """``JOYNEXUS_SCHEMA_REGISTRY_URL`` switches every producer and reader to Confluent framing."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Registry)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        confluent = settings.model_copy(update={"schema_registry_url": f"http://127.0.0.1:{server.server_port}"})
+        topic = f"test.confluent.{unique}"
+        events = [filled_event(cls) for cls in EVENT_TYPES.values()]
+        async with TopicAdmin(settings) as admin:
+            await admin.ensure_topic(topic, 1)
+        async with EventProducer(confluent) as producer:
+            for event in events:
+                await producer.send(topic, event)
+        records = await read_topic(confluent, topic)
+        assert [r.event for r in records] == events
+        assert {r.value[:1] for r in records} == {b"\x00"}  # magic byte 0, then the registry's id
+        assert len(_Registry.schemas) == len(events)  # one subject per event type
+        # a reader without the registry cannot resolve the ids: every record says why, none is lost
+        plain = await read_topic(settings, topic)
+        assert len(plain) == len(events) and all("no registry configured" in r.error for r in plain)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 async def test_garbage_goes_to_dlq_and_the_consumer_carries_on(settings: Settings, unique: str) -> None:

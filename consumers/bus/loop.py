@@ -179,7 +179,7 @@ class ConsumeLoop:
         self.group_id = group_id
         self.handler = handler
         self.role = role
-        self.codec = codec or Codec()
+        self.codec = codec or Codec.for_settings(settings)
         self.start_at = start_at
         self._started: set[TopicPartition] = set()
         self._pending: dict[TopicPartition, int] = {}

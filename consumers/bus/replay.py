@@ -85,7 +85,7 @@ async def replay(
     codec: Codec | None = None, read_uncommitted: bool = False,
 ) -> AsyncIterator[ReplayedRecord]:
     """Yield the records of a window, partition by partition, in offset order."""
-    codec = codec or Codec()
+    codec = codec or Codec.for_settings(settings)
     from_ms, to_ms = _ms(from_time), _ms(to_time)
     consumer = AIOKafkaConsumer(
         **client_options(settings), client_id=f"{settings.client_id}-replay",

@@ -104,7 +104,7 @@ class TransformWorker:
         self.group_id = group_id
         self.transform = transform
         self.role = role
-        self.codec = codec or Codec()
+        self.codec = codec or Codec.for_settings(settings)
         self.consumer = make_consumer(settings, group_id, topics=topics, pattern=pattern,
                                       listener=_Listener(self))
         self.producers = PartitionProducers(settings, self.codec, group_id, role)

@@ -90,7 +90,7 @@ class EnvWorker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.step_timeout_s = step_timeout_s
         self.max_restarts = max_restarts
-        self.codec = codec or Codec()
+        self.codec = codec or Codec.for_settings(settings)
         self.group_id = group_id
         self.consumer = make_consumer(
             settings, group_id, pattern=tenant_stream_pattern(settings, "sessions|actions", tenants),

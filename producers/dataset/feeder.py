@@ -54,7 +54,7 @@ class FeedPlan:
 async def last_sequence(settings: Settings, topic: str, job_id: str, codec: Codec | None = None,
                         window: int = 256) -> int | None:
     """The sequence of the last committed GradientJob of ``job_id`` (None: none yet)."""
-    codec = codec or Codec()
+    codec = codec or Codec.for_settings(settings)
     tp = TopicPartition(topic, 0)
     consumer = AIOKafkaConsumer(**client_options(settings), group_id=None,
                                 enable_auto_commit=False, isolation_level="read_committed")
@@ -88,7 +88,7 @@ class DatasetFeeder:
         self.settings = settings
         self.dataset = dataset
         self.plan = plan
-        self.codec = codec or Codec()
+        self.codec = codec or Codec.for_settings(settings)
         self.topic = tenant_topic(settings, plan.tenant, "gradient-jobs")
         self.per_epoch = len(layout_batches(dataset, plan.batch_size, plan.seed, 0))
         self.published = 0
