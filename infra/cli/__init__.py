@@ -7,7 +7,7 @@
     joynexus schemas                              schema names and fingerprints
     joynexus roundtrip                            a short event round trip through the broker
     joynexus backbone presets|build               the shared backbone               (assets.py)
-    joynexus dataset generate|feed                offline demonstrations for SFT
+    joynexus dataset generate|feed|upload         offline demonstrations for SFT
     joynexus up [--roles] [--scale] | run KIND    the service as processes          (service.py)
     joynexus demo [--quick] [--verbose]           3 RL + 1 SFT tenants, then evaluations
     joynexus health [--json]                      every role instance's heartbeat   (health.py)
