@@ -115,8 +115,3 @@ class DeviceGate:
             async with self._changed:
                 self._busy = False
                 self._changed.notify_all()
-
-    def busy_fraction(self) -> dict[str, float]:
-        """Share of wall time since creation the device spent on each queue's forwards."""
-        wall = max(time.monotonic() - self.started, 1e-9)
-        return {q: self.busy_s[q] / wall for q in QUEUES}

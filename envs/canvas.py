@@ -40,10 +40,6 @@ class Canvas:
         mask = (self.x - center[0]) ** 2 + (self.y - center[1]) ** 2 <= radius**2
         self.image[mask] = color
 
-    def ring(self, center: np.ndarray, radius: float, width: float, color: tuple[int, int, int]) -> None:
-        d2 = (self.x - center[0]) ** 2 + (self.y - center[1]) ** 2
-        self.image[(d2 <= radius**2) & (d2 >= (radius - width) ** 2)] = color
-
     def square(self, center: np.ndarray, half_size: float, color: tuple[int, int, int]) -> None:
         mask = (np.abs(self.x - center[0]) <= half_size) & (np.abs(self.y - center[1]) <= half_size)
         self.image[mask] = color

@@ -8,8 +8,6 @@ CLI) builds the same book and a restarted one rebuilds it from the log.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from aiokafka.structs import ConsumerRecord
 
 from infra.follow import TopicFollower
@@ -54,11 +52,6 @@ class JobBook:
 
     def get(self, tenant: str, job_id: str) -> JobState | None:
         return self.jobs.get((tenant, job_id))
-
-    def find(self, job_id: str) -> JobState | None:
-        """A job by id alone (job ids are unique in practice; the newest match wins)."""
-        matches = [s for (_, j), s in self.jobs.items() if j == job_id]
-        return max(matches, key=lambda s: s.updated_at or datetime.min) if matches else None
 
     def stopped(self, tenant: str, job_id: str) -> bool:
         """True once the job is terminal or a cancel was asked for: stop spending work on it."""

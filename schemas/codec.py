@@ -57,10 +57,6 @@ class Codec:
         url = settings.schema_registry_url
         return cls(ids=_confluent(url)) if url else cls()
 
-    @property
-    def framing(self) -> str:
-        return "confluent" if self.ids else "single-object"
-
     def encode(self, event: Event) -> bytes:
         version = self.registry.current(type(event).__avro_name__)
         buf = io.BytesIO()
@@ -92,10 +88,6 @@ class Codec:
             return cls.model_validate(record)
         except ValidationError as exc:
             raise DecodeError(f"{reader.fullname}: {exc}") from exc
-
-    def writer_schema_of(self, data: bytes | None) -> SchemaVersion:
-        """The writer schema named by a record's header (no body decoding)."""
-        return self._writer_of(data)
 
     def _writer_of(self, data: bytes | None) -> SchemaVersion:
         if not data:

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from backbone.feature import VLAFeature
-from backbone.grouped import forward_grouped
 from backbone.inputs import VLARequest
 from tenants.heads import ActorOutput
 from tenants.slot import TenantSlot
@@ -57,8 +56,3 @@ class ServedPolicy:
         """Deterministic action chunks ``[B, chunk, action_dim]`` from per-sample features."""
         outs = self.slot.policy.act_each(features, [torch.Generator() for _ in features], True)
         return torch.cat([o.action if isinstance(o, ActorOutput) else o for o in outs]).cpu().numpy()
-
-    def act_batch(self, images: np.ndarray, instructions: Sequence[str], proprio: np.ndarray) -> np.ndarray:
-        """Deterministic action chunks for a batch of samples: one backbone forward per bucket."""
-        prepared = self.prepare_batch(images, instructions, proprio)
-        return self.act_features(forward_grouped(self.backbone, prepared))
