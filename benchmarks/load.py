@@ -95,6 +95,59 @@ async def _counts(settings: Settings, tenant: str) -> dict[str, int]:
     return out
 
 
+async def compare_to_solo(settings: Settings, store, solo: list[dict[str, Any]],
+                          together: list[dict[str, Any]], solo_states: list,
+                          states: list) -> list[dict[str, Any]]:
+    """One row per tenant: its concurrent run beside its solo run (``identical`` is None unless both
+    completed: an unfinished run has no final parameters to compare)."""
+    rows = []
+    for spec_s, spec_c, st_s, st_c in zip(solo, together, solo_states, states, strict=True):
+        counts_s = await _counts(settings, spec_s["tenant"])
+        counts_c = await _counts(settings, spec_c["tenant"])
+        same = None
+        if st_s.phase == st_c.phase == "completed":
+            ma, mb = store.load(spec_s["tenant"]).state.model, store.load(spec_c["tenant"]).state.model
+            same = ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+        rows.append({"tenant": spec_c["tenant"], "kind": spec_c["kind"], "phase": st_c.phase,
+                     "solo_phase": st_s.phase, "counts": counts_c, "solo_counts": counts_s,
+                     "steps": st_c.metrics.get("steps"), "solo_steps": st_s.metrics.get("steps"),
+                     "identical": same})
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]], backbone: str, solo_s: float, concurrent_s: float,
+              lag: dict[str, int]) -> dict[str, Any]:
+    env_steps = sum(r["counts"]["rollouts"] for r in rows)
+    opt_steps = sum(r["steps"] or 0 for r in rows)
+    return {
+        "tenants": len(rows), "backbone": backbone, "solo_s": solo_s, "concurrent_s": concurrent_s,
+        "completed": sum(r["phase"] == "completed" for r in rows),
+        "nothing_lost": sum(r["counts"] == r["solo_counts"] and r["steps"] == r["solo_steps"] for r in rows),
+        "identical_to_solo": sum(bool(r["identical"]) for r in rows),
+        "env_steps_per_s": env_steps / concurrent_s, "solo_env_steps_per_s": env_steps / solo_s,
+        "optimizer_steps_per_s": opt_steps / concurrent_s, "solo_optimizer_steps_per_s": opt_steps / solo_s,
+        "max_lag": lag, "rows": rows,
+    }
+
+
+def print_table(console: Console, result: dict[str, Any], title: str) -> None:
+    n, concurrent_s, solo_s = result["tenants"], result["concurrent_s"], result["solo_s"]
+    table = Table("figure", "value", title=title)
+    table.add_row("jobs completed", f"{result['completed']}/{n}")
+    table.add_row("nothing lost (rollouts, gradient jobs, features, steps = solo)",
+                  f"{result['nothing_lost']}/{n}")
+    table.add_row("final parameters bit-identical to the solo run", f"{result['identical_to_solo']}/{n}")
+    table.add_row("wall: concurrent / solo runs back to back",
+                  f"{concurrent_s:.1f} s / {solo_s:.1f} s = {concurrent_s / solo_s:.3f}")
+    table.add_row("env steps/s: concurrent (solo)",
+                  f"{result['env_steps_per_s']:.1f} ({result['solo_env_steps_per_s']:.1f})")
+    table.add_row("optimizer steps/s: concurrent (solo)",
+                  f"{result['optimizer_steps_per_s']:.1f} ({result['solo_optimizer_steps_per_s']:.1f})")
+    for group, value in sorted(result["max_lag"].items(), key=lambda kv: -kv[1]):
+        table.add_row(f"max consumer lag: {group}", str(value))
+    console.print(table)
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from consumers.service import Service
     from infra.broker import LocalBroker
@@ -143,47 +196,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 concurrent_s = time.monotonic() - began
                 stop.set()
                 lag = await sampler
-            rows = []
-            for spec_s, spec_c, st_s, st_c in zip(solo, together, solo_states, states, strict=True):
-                counts_s = await _counts(settings, spec_s["tenant"])
-                counts_c = await _counts(settings, spec_c["tenant"])
-                same = None
-                if st_s.phase == st_c.phase == "completed":
-                    ma, mb = service.store.load(spec_s["tenant"]).state.model, service.store.load(
-                        spec_c["tenant"]).state.model
-                    same = ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
-                rows.append({"tenant": spec_c["tenant"], "kind": spec_c["kind"], "phase": st_c.phase,
-                             "solo_phase": st_s.phase, "counts": counts_c, "solo_counts": counts_s,
-                             "steps": st_c.metrics.get("steps"), "solo_steps": st_s.metrics.get("steps"),
-                             "identical": same})
+            rows = await compare_to_solo(settings, service.store, solo, together, solo_states, states)
     finally:
         await service.close()
-    env_steps = sum(r["counts"]["rollouts"] for r in rows)
-    opt_steps = sum(r["steps"] or 0 for r in rows)
-    result = {
-        "tenants": len(rows), "backbone": settings.backbone, "solo_s": solo_s, "concurrent_s": concurrent_s,
-        "completed": sum(r["phase"] == "completed" for r in rows),
-        "nothing_lost": sum(r["counts"] == r["solo_counts"] and r["steps"] == r["solo_steps"] for r in rows),
-        "identical_to_solo": sum(bool(r["identical"]) for r in rows),
-        "env_steps_per_s": env_steps / concurrent_s, "solo_env_steps_per_s": env_steps / solo_s,
-        "optimizer_steps_per_s": opt_steps / concurrent_s, "solo_optimizer_steps_per_s": opt_steps / solo_s,
-        "max_lag": lag, "rows": rows,
-    }
-    table = Table("figure", "value", title=f"load: {len(rows)} tenants at once, backbone {settings.backbone}")
-    table.add_row("jobs completed", f"{result['completed']}/{len(rows)}")
-    table.add_row("nothing lost (rollouts, gradient jobs, features, steps = solo)",
-                  f"{result['nothing_lost']}/{len(rows)}")
-    table.add_row("final parameters bit-identical to the solo run",
-                  f"{result['identical_to_solo']}/{len(rows)}")
-    table.add_row("wall: concurrent / solo runs back to back",
-                  f"{concurrent_s:.1f} s / {solo_s:.1f} s = {concurrent_s / solo_s:.3f}")
-    table.add_row("env steps/s: concurrent (solo)",
-                  f"{result['env_steps_per_s']:.1f} ({result['solo_env_steps_per_s']:.1f})")
-    table.add_row("optimizer steps/s: concurrent (solo)",
-                  f"{result['optimizer_steps_per_s']:.1f} ({result['solo_optimizer_steps_per_s']:.1f})")
-    for group, value in sorted(lag.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"max consumer lag: {group}", str(value))
-    console.print(table)
+    result = summarise(rows, settings.backbone, solo_s, concurrent_s, lag)
+    print_table(console, result, f"load: {len(rows)} tenants at once, backbone {settings.backbone}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str))
