@@ -145,9 +145,7 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
                    console: Console | None = None, verbose: bool = False) -> dict[str, Any]:
     """The demo, start to summary. Its own log lines go to ``RUN_DIR/demo.log`` (and to stderr with
     ``verbose``), each process's to ``RUN_DIR/logs/<instance>.log``; the terminal shows the board."""
-    from infra.broker import LocalBroker
     from infra.runtime.supervisor import ProcessSupervisor
-    from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 
     console = console or Console()
@@ -164,19 +162,7 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_logging(settings.log_level, settings.log_format, file=run_dir / "demo.log", stderr=verbose)
     console.print(f"run directory: {run_dir}\n  logs: {run_dir / 'demo.log'} and {run_dir / 'logs'}/")
-    if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
-        with console.status("starting the local Kafka broker"):
-            await asyncio.to_thread(LocalBroker(settings).up)
-    with console.status("recording the expert dataset (once)"):
-        dataset = await asyncio.to_thread(ensure_dataset, settings, quick)
-    specs = scenario(quick, dataset, maniskill)
-    for spec in specs:
-        spec["tenant"] = f"{spec['tenant']}-{tag}"
-        spec["job_id"] = f"train-{tag}"
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_shared()
-        for spec in specs:  # up front: every new topic set makes the pattern-subscribed groups rebalance
-            await admin.ensure_tenant(spec["tenant"])
+    specs = await _prepare(settings, tag, quick, maniskill, console)
     board = DemoBoard(specs)
     began, began_unix = time.monotonic(), time.time()
     supervisor = ProcessSupervisor(settings)
@@ -222,6 +208,29 @@ async def run_demo(settings: Settings, quick: bool = False, maniskill: bool = Tr
 
     console.print(f"report: {write_run_report(run_dir, settings.timeline_dir, began_unix)}")
     return summary
+
+
+async def _prepare(settings: Settings, tag: str, quick: bool, maniskill: bool,
+                   console: Console) -> list[dict[str, Any]]:
+    """The broker up, the dataset recorded, the scenario's job specs named for this run (``tag``)
+    and every tenant's topics made."""
+    from infra.broker import LocalBroker
+    from infra.topics import TopicAdmin
+
+    if settings.bootstrap_servers is None:  # the embedded broker, started unless it already runs
+        with console.status("starting the local Kafka broker"):
+            await asyncio.to_thread(LocalBroker(settings).up)
+    with console.status("recording the expert dataset (once)"):
+        dataset = await asyncio.to_thread(ensure_dataset, settings, quick)
+    specs = scenario(quick, dataset, maniskill)
+    for spec in specs:
+        spec["tenant"] = f"{spec['tenant']}-{tag}"
+        spec["job_id"] = f"train-{tag}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        for spec in specs:  # up front: every new topic set makes the pattern-subscribed groups rebalance
+            await admin.ensure_tenant(spec["tenant"])
+    return specs
 
 
 async def _train(client, specs, board: DemoBoard, submitted: list) -> dict:
