@@ -197,28 +197,10 @@ class Master:
             )
         ]
         if spec.kind == "eval":
-            version = spec.eval.policy_version or service.store.latest_version(tenant)
-            if version is None or version not in service.store.versions(tenant):
-                raise plan.CompileError(
-                    "eval.policy_version", f"tenant {tenant} has no policy version {version or '(none yet)'}"
-                )
-            self._check_lineage(tenant, version, "eval.policy_version")
-            if spec.env is not None:
-                await asyncio.to_thread(plan.env_dims, spec)  # the env must start, before we accept
-                sessions = [plan.eval_session(spec, version, self.producer_id)]
-            else:  # a held-out dataset: the evaluator scores it itself, no sessions
-                await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
-                sessions = []
-            resources = {"policy_version": str(version)}
+            sessions, resources = await self._eval_plan(spec)
         else:
-            version, config_outputs, resources = await self._initial_policy(spec)
+            config_outputs, sessions, resources = await self._train_plan(spec)
             outputs += config_outputs
-            if spec.kind == "rl" and spec.rl.mode == "sync":
-                sessions = plan.iteration_sessions(spec, 0, version, self.producer_id)
-            elif spec.kind == "rl":
-                sessions = plan.async_sessions(spec, self.producer_id)
-            else:
-                sessions = []
         resources |= {
             "backbone_id": service.info.backbone_id,
             "sessions": ",".join(s.session_id for s in sessions),
@@ -239,6 +221,35 @@ class Master:
         ]
         log.info("job accepted", tenant=tenant, job=spec.job_id, kind=spec.kind, **resources)
         return outputs
+
+    async def _eval_plan(self, spec: JobSpec) -> tuple[list[ev.EnvSessionRequested], dict[str, str]]:
+        """An evaluation's sessions (none for a held-out dataset: the evaluator scores it itself)."""
+        store, tenant = self.service.store, spec.tenant
+        version = spec.eval.policy_version or store.latest_version(tenant)
+        if version is None or version not in store.versions(tenant):
+            raise plan.CompileError(
+                "eval.policy_version", f"tenant {tenant} has no policy version {version or '(none yet)'}"
+            )
+        self._check_lineage(tenant, version, "eval.policy_version")
+        if spec.env is not None:
+            await asyncio.to_thread(plan.env_dims, spec)  # the env must start, before we accept
+            sessions = [plan.eval_session(spec, version, self.producer_id)]
+        else:
+            await asyncio.to_thread(plan.dataset_dims, spec, self.settings)
+            sessions = []
+        return sessions, {"policy_version": str(version)}
+
+    async def _train_plan(self, spec: JobSpec) -> tuple[list[Output], list[ev.EnvSessionRequested],
+                                                        dict[str, str]]:
+        """A training job's initial policy (its config outputs) and first sessions (none for SFT)."""
+        version, config_outputs, resources = await self._initial_policy(spec)
+        if spec.kind == "rl" and spec.rl.mode == "sync":
+            sessions = plan.iteration_sessions(spec, 0, version, self.producer_id)
+        elif spec.kind == "rl":
+            sessions = plan.async_sessions(spec, self.producer_id)
+        else:
+            sessions = []
+        return config_outputs, sessions, resources
 
     def _check_lineage(self, tenant: str, version: int, loc: str) -> None:
         """A policy runs only on the backbone its modules were trained against: its features are
