@@ -93,3 +93,20 @@ def test_simulators_and_datasets_never_import_kafka() -> None:
              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('aiokafka', 'faust')))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_bus_plumbing_env_and_health_never_load_tensor_libraries() -> None:
+    # The rule above reads direct imports only; this one follows every import, as a process does:
+    # the env and health roles, the CLI and the bus plumbing start without torch (a 5-20 s import
+    # on a loaded 2-core machine, README "Known limits"), and a user's client does not need it.
+    import subprocess
+    import sys
+
+    modules = ("consumers.bus.loop", "consumers.bus.transform", "consumers.bus.replay",
+               "consumers.bus.episodes", "consumers.bus.dlq", "producers.producer", "producers.heartbeat",
+               "producers.client.sdk", "infra.follow", "schemas.codec", "consumers.env.worker",
+               "consumers.health", "infra.runtime.host", "infra.cli")
+    probe = (f"import sys, {', '.join(modules)}; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'peft')))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
