@@ -493,9 +493,65 @@ def print_table(console: Console, result: dict[str, Any], title: str) -> None:
     console.print(table)
 
 
+def print_verdicts(console: Console, result: dict[str, Any], runs: list[dict[str, Any]],
+                   cpu_affinity: dict[str, list[int]] | None) -> None:
+    """The headline figures against the paper's and the targets, one line each."""
+    same = result["bit_identical"]
+    console.print(f"device time saved by sharing: {result['device_time_saving']:.1%} "
+                  f"(paper: 28.3%, target: >= 40%)")
+    fractions = result["medians"]
+    for q, name, paper in (
+            ("training_service", "training service (backbone training forwards + optimizer steps)",
+             "20.8% -> 41.3%, 1.99x; target >= 2.5x"),
+            ("train", "backbone training forwards alone", "-"),
+            ("inference", "inference", "28.1% -> 37.5%, 1.33x")):
+        iso, sha = fractions["isolated"][f"busy_fraction_{q}"], fractions["shared"][f"busy_fraction_{q}"]
+        ratio = sha / iso if iso else float("nan")
+        console.print(f"busy fraction, {name}: {iso:.1%} -> {sha:.1%}, {ratio:.2f}x (paper: {paper})")
+    console.print(f"final parameters bit-identical across all {len(runs)} runs: "
+                  f"{sum(same)}/{len(same)} tenants")
+    if cpu_affinity is not None:
+        gap = max(abs(r["busy_total_s"] - r["busy_total_s_heartbeats"]) for r in runs)
+        restarts = sum(r["process_restarts"] for r in runs)
+        console.print(f"CPU affinity: {cpu_affinity}; busy seconds from its timeline, "
+                      f"largest gap to its heartbeats' {gap:.3f} s; process restarts during counted runs: "
+                      f"{restarts:.0f}")
+
+
+def write_run_dir(run_dir: Path, result: dict[str, Any], runs: list[dict[str, Any]], origin_unix: float,
+                  args: argparse.Namespace) -> None:
+    """The run's files: the result, the report's comparison, the last shared pass's jobs and forwards
+    (the report's pictures), and every counted pass's traces (for ``benchmarks/projection.py``)."""
+    from infra.runtime.report import COMPARISON_FORMAT
+
+    last_shared = [r for r in runs if r["mode"] == "shared"][-1]
+    (run_dir / "multi_tenant.json").write_text(json.dumps(result, indent=2))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+    (run_dir / "comparison.json").write_text(json.dumps({
+        "format": COMPARISON_FORMAT, "modes": result["medians"],
+        "note": f"medians of {args.repeats} alternating repeats after a warm-up "
+                f"(benchmarks/multi_tenant.py, scenario {args.scenario}, deployment {args.deployment})"},
+        indent=2))
+    jobs = {s.tenant: {"job_id": s.job_id, "phase": s.phase, "history": s.history}
+            for s in last_shared["_states"]}
+    (run_dir / "jobs.json").write_text(json.dumps(jobs, indent=2, default=str))
+    forwards = last_shared["_forwards"]
+    origin = min((f.start_s for f in forwards), default=0.0)  # the report's clock starts with the run
+    ForwardLog().dump(run_dir / "forwards.json", [
+        ForwardRecord(f.queue, f.start_s - origin, f.end_s - origin, f.tenants) for f in forwards],
+        origin_unix=origin_unix + origin)
+    # every counted run's forwards and job spans, for the projection model (benchmarks/projection.py)
+    (run_dir / "traces.json").write_text(json.dumps([
+        {"mode": r["mode"], "repeat": r["repeat"], "tenants": r["tenants"], "kinds": r["kinds"],
+         "spans": r["spans"], "makespan_s": r["makespan_s"],
+         "forwards": ForwardLog().to_json(r["_forwards"], origin_unix=origin_unix)} for r in runs]))
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from infra.broker import LocalBroker
-    from infra.runtime.report import COMPARISON_FORMAT, write_report
+    from infra.runtime.report import write_report
     from infra.topics import TopicAdmin
     from producers.client.sdk import Client
 
@@ -560,49 +616,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 f"{args.repeats} repeats (alternating order), warm-up first")
     print_cpu(console, result["cpu_medians"], settings.cpu_affinity, result["runqueue_wait_medians"])
     print_steal(console, runs, result["medians"])
-    console.print(f"device time saved by sharing: {result['device_time_saving']:.1%} "
-                  f"(paper: 28.3%, target: >= 40%)")
-    fractions = result["medians"]
-    for q, name, paper in (
-            ("training_service", "training service (backbone training forwards + optimizer steps)",
-             "20.8% -> 41.3%, 1.99x; target >= 2.5x"),
-            ("train", "backbone training forwards alone", "-"),
-            ("inference", "inference", "28.1% -> 37.5%, 1.33x")):
-        iso, sha = fractions["isolated"][f"busy_fraction_{q}"], fractions["shared"][f"busy_fraction_{q}"]
-        ratio = sha / iso if iso else float("nan")
-        console.print(f"busy fraction, {name}: {iso:.1%} -> {sha:.1%}, {ratio:.2f}x (paper: {paper})")
-    console.print(f"final parameters bit-identical across all {len(runs)} runs: "
-                  f"{sum(same)}/{len(same)} tenants")
-    if args.deployment == "processes":
-        gap = max(abs(r["busy_total_s"] - r["busy_total_s_heartbeats"]) for r in runs)
-        restarts = sum(r["process_restarts"] for r in runs)
-        console.print(f"CPU affinity: {settings.cpu_affinity}; busy seconds from its timeline, "
-                      f"largest gap to its heartbeats' {gap:.3f} s; process restarts during counted runs: "
-                      f"{restarts:.0f}")
-
-    last_shared = [r for r in runs if r["mode"] == "shared"][-1]
-    (run_dir / "multi_tenant.json").write_text(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
-    (run_dir / "comparison.json").write_text(json.dumps({
-        "format": COMPARISON_FORMAT, "modes": result["medians"],
-        "note": f"medians of {args.repeats} alternating repeats after a warm-up "
-                f"(benchmarks/multi_tenant.py, scenario {args.scenario}, deployment {args.deployment})"},
-        indent=2))
-    jobs = {s.tenant: {"job_id": s.job_id, "phase": s.phase, "history": s.history}
-            for s in last_shared["_states"]}
-    (run_dir / "jobs.json").write_text(json.dumps(jobs, indent=2, default=str))
-    forwards = last_shared["_forwards"]
-    origin = min((f.start_s for f in forwards), default=0.0)  # the report's clock starts with the run
-    ForwardLog().dump(run_dir / "forwards.json", [
-        ForwardRecord(f.queue, f.start_s - origin, f.end_s - origin, f.tenants) for f in forwards],
-        origin_unix=device.origin_unix + origin)
-    # every counted run's forwards and job spans, for the projection model (benchmarks/projection.py)
-    (run_dir / "traces.json").write_text(json.dumps([
-        {"mode": r["mode"], "repeat": r["repeat"], "tenants": r["tenants"], "kinds": r["kinds"],
-         "spans": r["spans"], "makespan_s": r["makespan_s"],
-         "forwards": ForwardLog().to_json(r["_forwards"], origin_unix=device.origin_unix)} for r in runs]))
+    print_verdicts(console, result, runs, settings.cpu_affinity if args.deployment == "processes" else None)
+    write_run_dir(run_dir, result, runs, device.origin_unix, args)
     console.print(f"run directory: {run_dir} (multi_tenant.json, report.html: {write_report(run_dir).name})")
     return result
 
