@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from consumers.bus.replay import ReplayedRecord, replay
@@ -65,3 +66,14 @@ async def end_offset(settings: Settings, topic: str, partition: int = 0) -> int:
         return (await consumer.end_offsets([tp]))[tp]
     finally:
         await consumer.stop()
+
+
+class LogRecords(logging.Handler):
+    """Every record logged to the loggers it is added to, as the logging module made it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)

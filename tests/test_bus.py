@@ -30,7 +30,7 @@ from schemas.codec import Codec
 from schemas.events import EVENT_TYPES, Envelope, Event, Heartbeat, RoleStatus
 from schemas.sessions import eval_session_id, is_eval_rollout_key, rl_session_id, rollout_key
 from schemas.tensors import from_numpy
-from tests.helpers import dead_letters_from, read_topic, running, wait_for
+from tests.helpers import LogRecords, dead_letters_from, read_topic, running, wait_for
 from tests.strategies import filled_event
 
 pytestmark = pytest.mark.broker
@@ -622,17 +622,18 @@ async def test_an_offset_lookup_of_a_deleted_topic_is_logged_at_info(settings: S
     async with TopicAdmin(settings) as admin:
         await admin.ensure_topic(topic, 1)
     tp = TopicPartition(topic, 0)
-    lines = _Records()
+    lines = LogRecords()
     fetcher = logging.getLogger("aiokafka.consumer.fetcher")
     fetcher.addHandler(lines)
     consumer = make_consumer(settings, f"gone-{unique}")
     await consumer.start()
     try:
         consumer.assign([tp])
-        assert await consumer.position(tp) == 0  # listed, positioned: seen to exist
-        # no fetches: a fetch's answer for the deleted topic would refresh the metadata first, and
-        # the lookup below would then wait for a leader instead of asking the stale one
+        # Paused before positioned, so no fetch is ever sent: a fetch's answer for the deleted topic
+        # refreshes the metadata, and the lookup below would then wait for a leader instead of
+        # asking the stale one (a fetch sent between positioning and pausing did so in CI).
         consumer.pause(tp)
+        assert await consumer.position(tp) == 0  # listed, positioned: seen to exist
         async with TopicAdmin(settings) as admin:
             await admin.delete_topics([topic])
         with contextlib.suppress(TimeoutError, KafkaError):  # asks the (stale) leader, which has it no more
@@ -647,15 +648,6 @@ async def test_an_offset_lookup_of_a_deleted_topic_is_logged_at_info(settings: S
     assert any("ListOffset request" in message for _, message in about), about
     assert all(level == logging.INFO and message.endswith("(deleted since this process saw it)")
                for level, message in about), about
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 async def wait_for_assignment(consumer: AIOKafkaConsumer, topics: list[str], timeout_s: float = 60.0) -> None:

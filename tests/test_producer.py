@@ -10,23 +10,15 @@ import pytest
 from infra.settings import Settings
 from infra.topics import TopicAdmin
 from producers.producer import EventProducer
+from tests.helpers import LogRecords
 
 pytestmark = pytest.mark.broker
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 async def test_a_deleted_topic_is_reported_once_at_info_then_forgotten(
         settings: Settings, unique: str) -> None:
     doomed, kept = f"test.doomed.{unique}", f"test.kept.{unique}"
-    lines = _Records()
+    lines = LogRecords()
     logging.getLogger("aiokafka.cluster").addHandler(lines)
     try:
         async with EventProducer(settings) as producer:
@@ -63,7 +55,7 @@ async def test_a_deleted_topic_is_reported_once_at_info_then_forgotten(
 
 async def test_a_topic_never_seen_stays_an_error(settings: Settings, unique: str) -> None:
     missing = f"test.never.{unique}"  # a typo: no producer of this process ever saw it exist
-    lines = _Records()
+    lines = LogRecords()
     logging.getLogger("aiokafka.cluster").addHandler(lines)
     try:
         async with EventProducer(settings) as producer:
