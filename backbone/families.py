@@ -30,6 +30,8 @@ from infra.errors import ConfigError
 
 __all__ = ["FAMILIES", "Family", "Pixels", "direct", "family_for", "normalised"]
 
+POSITION_CACHE_ENTRIES = 4096  # row layouts whose M-RoPE positions are remembered
+
 
 class Family:
     """Base: SigLIP-style towers (PaliGemma, LLaVA): one fixed-size image, N patch tokens."""
@@ -71,6 +73,10 @@ class Family:
         return dict(input_ids=input_ids, attention_mask=attention_mask,
                     pixel_values=torch.cat([p.values for p in pixels]))
 
+    def position_ids(self, model, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Position ids for the collated ``inputs`` (on the CPU), or None: the model's own."""
+        return None
+
 
 class PaliGemma(Family):
     name = "paligemma"
@@ -93,6 +99,11 @@ class Qwen2VL(Family):
     """Qwen2-VL / Qwen2.5-VL: flattened patches, a (t, h, w) grid per image, M-RoPE."""
 
     name = "qwen2_vl"
+
+    def __init__(self, image_processor, tokens, patch_size):
+        super().__init__(image_processor, tokens, patch_size)
+        # Threads may race to fill an entry, with the same value.
+        self._positions: dict[tuple[bytes, bytes, bytes], torch.Tensor] = {}
 
     @classmethod
     def default_processor(cls, image_size: int, vision: dict):
@@ -130,6 +141,30 @@ class Qwen2VL(Family):
                     pixel_values=torch.cat([p.values for p in pixels]),
                     image_grid_thw=torch.cat([p.grid_thw for p in pixels]),
                     mm_token_type_ids=(input_ids == self.tokens.image).long())
+
+    def position_ids(self, model, inputs):
+        """M-RoPE positions ``[3, B, T]``, each row's from the model's own ``get_rope_index`` on that
+        row alone, remembered by the row's layout. Left to the model, ``get_rope_index`` walks every
+        row of every forward in Python (a fifth of the ``tiny`` preset's forward on the CPU VM, and
+        host time on a GPU); a row's positions depend only on its tokens, mask and image grids (the
+        model computes them row by row too), and a session's rows repeat one layout."""
+        ids, mask, grids = inputs["input_ids"], inputs["attention_mask"], inputs["image_grid_thw"]
+        cameras = (ids == self.tokens.vision_start).sum(-1).tolist()
+        rows, start = [], 0
+        for i, n in enumerate(cameras):
+            grid = grids[start:start + n]
+            start += n
+            key = (ids[i].numpy().tobytes(), mask[i].numpy().tobytes(), grid.numpy().tobytes())
+            row = self._positions.get(key)
+            if row is None:
+                if len(self._positions) >= POSITION_CACHE_ENTRIES:
+                    self._positions.clear()
+                row, _ = model.model.get_rope_index(
+                    ids[i:i + 1], mm_token_type_ids=inputs["mm_token_type_ids"][i:i + 1],
+                    image_grid_thw=grid, attention_mask=mask[i:i + 1])
+                self._positions[key] = row
+            rows.append(row)
+        return torch.cat(rows, dim=1)
 
 
 class Idefics3(Family):

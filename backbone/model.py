@@ -196,10 +196,14 @@ class Backbone:
         keys = {p.key for p in group}
         if len(keys) != 1:
             raise ValueError(f"a group must share one bucket, got {sorted(keys)}")
-        input_ids = torch.stack([p.input_ids for p in group]).to(self.device)
-        mask = torch.stack([p.attention_mask for p in group]).to(self.device)
+        input_ids = torch.stack([p.input_ids for p in group])
+        mask = torch.stack([p.attention_mask for p in group])
         kwargs = self.family.collate([p.pixels for p in group], input_ids, mask.long())
+        positions = self.family.position_ids(self.model, kwargs)
+        if positions is not None:
+            kwargs["position_ids"] = positions
         kwargs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
+        mask = mask.to(self.device)
         if "pixel_values" in kwargs:
             kwargs["pixel_values"] = kwargs["pixel_values"].to(self.dtype)
         hidden = self.family.hidden_states(self.model, kwargs).float()

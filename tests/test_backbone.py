@@ -319,3 +319,33 @@ def test_remembered_instruction_ids_are_the_tokenizers(backbones: dict[str, Back
     for words in ("a", "b c", "d e f"):
         backbone._tokenize(words)
     assert len(backbone._instruction_ids) <= 2
+
+
+@pytest.mark.parametrize("cameras", [1, 2])
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen25vl", "tiny-qwen3vl"])
+def test_remembered_mrope_positions_are_the_models_own(backbones: dict[str, Backbone], name: str,
+                                                       cameras: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qwen-VL rows carry M-RoPE positions computed row by row and remembered by layout: the same ids
+    as the model's get_rope_index gives the whole batch, the same features bit for bit as letting
+    the model compute them, and bounded."""
+    backbone = backbones[name]
+    prepared = [backbone.prepare(r) for r in requests(12, seed=5, cameras=cameras)]
+    key = max({p.key for p in prepared}, key=lambda k: sum(p.key == k for p in prepared))
+    group = [p for p in prepared if p.key == key]
+    assert len({tuple(p.attention_mask.tolist()) for p in group}) > 1  # rows of different lengths
+    inputs = backbone.family.collate([p.pixels for p in group], torch.stack([p.input_ids for p in group]),
+                                     torch.stack([p.attention_mask for p in group]).long())
+    theirs, _ = backbone.model.model.get_rope_index(
+        inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+        image_grid_thw=inputs["image_grid_thw"], attention_mask=inputs["attention_mask"])
+    assert torch.equal(backbone.family.position_ids(backbone.model, inputs), theirs)
+    assert torch.equal(backbone.family.position_ids(backbone.model, inputs), theirs)  # remembered
+    remembered = backbone.forward(group)
+    monkeypatch.setattr(backbone.family, "position_ids", lambda model, inputs: None)
+    for ours, model_own in zip(remembered, backbone.forward(group), strict=True):
+        assert torch.equal(ours.sequence, model_own.sequence) and torch.equal(ours.pooled, model_own.pooled)
+    monkeypatch.undo()
+    monkeypatch.setattr("backbone.families.POSITION_CACHE_ENTRIES", 2)
+    backbone.family._positions.clear()
+    backbone.forward(group)
+    assert len(backbone.family._positions) <= 2
