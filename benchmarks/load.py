@@ -95,6 +95,27 @@ async def _counts(settings: Settings, tenant: str) -> dict[str, int]:
     return out
 
 
+async def _transitions(settings: Settings, tenant: str) -> list[tuple]:
+    """The tenant's rollout transitions, named by what does not depend on its ids or timing
+    (policy version, reset seed, step) and sorted: equal lists mean the same actions were taken."""
+    from consumers.bus.replay import replay
+    from schemas import events as ev
+
+    out = []
+    async for record in replay(settings, tenant_topic(settings, tenant, "rollouts")):
+        event = record.event
+        if isinstance(event, ev.RolloutRecord):
+            out.append((event.policy_version, event.reset_seed, event.step, event.action.data,
+                        event.log_prob, event.value, event.reward))
+    return sorted(out, key=lambda t: t[:3])
+
+
+def _differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Parameters that differ between two state dicts -> their largest absolute difference."""
+    return {k: float((a[k].double() - b[k].double()).abs().max()) for k in sorted(a.keys() & b.keys())
+            if not torch.equal(a[k], b[k])}
+
+
 async def compare_to_solo(settings: Settings, store, solo: list[dict[str, Any]],
                           together: list[dict[str, Any]], solo_states: list,
                           states: list) -> list[dict[str, Any]]:
@@ -104,14 +125,19 @@ async def compare_to_solo(settings: Settings, store, solo: list[dict[str, Any]],
     for spec_s, spec_c, st_s, st_c in zip(solo, together, solo_states, states, strict=True):
         counts_s = await _counts(settings, spec_s["tenant"])
         counts_c = await _counts(settings, spec_c["tenant"])
-        same = None
+        same, differing = None, {}
         if st_s.phase == st_c.phase == "completed":
             ma, mb = store.load(spec_s["tenant"]).state.model, store.load(spec_c["tenant"]).state.model
-            same = ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+            differing = _differing(ma, mb)
+            same = ma.keys() == mb.keys() and not differing
+        # where a difference started: the actions taken (inference) or only the updates (training)
+        actions = await _transitions(settings, spec_c["tenant"])
+        same_actions = actions == await _transitions(settings, spec_s["tenant"])
         rows.append({"tenant": spec_c["tenant"], "kind": spec_c["kind"], "phase": st_c.phase,
                      "solo_phase": st_s.phase, "counts": counts_c, "solo_counts": counts_s,
                      "steps": st_c.metrics.get("steps"), "solo_steps": st_s.metrics.get("steps"),
-                     "identical": same})
+                     "identical": same, "same_actions": same_actions, "actions_compared": len(actions),
+                     "differing": dict(list(differing.items())[:8])})
     return rows
 
 

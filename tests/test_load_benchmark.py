@@ -18,10 +18,14 @@ async def test_four_tenants_at_once_equal_their_solo_runs(settings, tmp_path, mo
     result = await load.main(load.parse(["--tenants", "4", "--lag-every", "0.5",
                                          "--json", str(tmp_path / "load.json")]))
     assert [r["kind"] for r in result["rows"]] == ["rl", "rl", "rl", "sft"]
-    assert result["completed"] == result["nothing_lost"] == result["identical_to_solo"] == 4
+    differing = [{k: row[k] for k in ("tenant", "kind", "same_actions", "differing")}
+                 for row in result["rows"] if not row["identical"]]
+    assert result["completed"] == result["nothing_lost"] == result["identical_to_solo"] == 4, differing
+    assert all(row["same_actions"] for row in result["rows"])
     for row in result["rows"]:
         assert row["counts"]["features"] > 0 and row["counts"] == row["solo_counts"]
         assert (row["counts"]["rollouts"] > 0) == (row["kind"] == "rl")
+        assert row["actions_compared"] == row["counts"]["rollouts"]
     assert {"inference", "backbone-train"} <= set(result["max_lag"])
     assert (tmp_path / "load.json").exists()
 
