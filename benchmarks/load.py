@@ -86,28 +86,23 @@ async def lag_sampler(settings: Settings, tag: str, every_s: float, stop: asynci
     return dict(worst)
 
 
-async def _counts(settings: Settings, tenant: str) -> dict[str, int]:
-    from consumers.bus.replay import replay
-
-    out = {}
-    for stream in ("rollouts", "gradient-jobs", "features"):
-        out[stream] = sum([1 async for _ in replay(settings, tenant_topic(settings, tenant, stream))])
-    return out
-
-
-async def _transitions(settings: Settings, tenant: str) -> list[tuple]:
-    """The tenant's rollout transitions, named by what does not depend on its ids or timing
-    (policy version, reset seed, step) and sorted: equal lists mean the same actions were taken."""
+async def _streams(settings: Settings, tenant: str) -> tuple[dict[str, int], list[tuple]]:
+    """Records per stream, and the tenant's rollout transitions named by what does not depend on its
+    ids or timing (policy version, reset seed, step) and sorted: equal lists mean the same actions
+    were taken. One replay of each topic."""
     from consumers.bus.replay import replay
     from schemas import events as ev
 
-    out = []
-    async for record in replay(settings, tenant_topic(settings, tenant, "rollouts")):
-        event = record.event
-        if isinstance(event, ev.RolloutRecord):
-            out.append((event.policy_version, event.reset_seed, event.step, event.action.data,
-                        event.log_prob, event.value, event.reward))
-    return sorted(out, key=lambda t: t[:3])
+    counts, transitions = {}, []
+    for stream in ("rollouts", "gradient-jobs", "features"):
+        counts[stream] = 0
+        async for record in replay(settings, tenant_topic(settings, tenant, stream)):
+            counts[stream] += 1
+            event = record.event
+            if isinstance(event, ev.RolloutRecord):
+                transitions.append((event.policy_version, event.reset_seed, event.step, event.action.data,
+                                    event.log_prob, event.value, event.reward))
+    return counts, sorted(transitions, key=lambda t: t[:3])
 
 
 def _differing(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -123,16 +118,15 @@ async def compare_to_solo(settings: Settings, store, solo: list[dict[str, Any]],
     completed: an unfinished run has no final parameters to compare)."""
     rows = []
     for spec_s, spec_c, st_s, st_c in zip(solo, together, solo_states, states, strict=True):
-        counts_s = await _counts(settings, spec_s["tenant"])
-        counts_c = await _counts(settings, spec_c["tenant"])
+        counts_s, actions_s = await _streams(settings, spec_s["tenant"])
+        counts_c, actions = await _streams(settings, spec_c["tenant"])
         same, differing = None, {}
         if st_s.phase == st_c.phase == "completed":
             ma, mb = store.load(spec_s["tenant"]).state.model, store.load(spec_c["tenant"]).state.model
             differing = _differing(ma, mb)
             same = ma.keys() == mb.keys() and not differing
         # where a difference started: the actions taken (inference) or only the updates (training)
-        actions = await _transitions(settings, spec_c["tenant"])
-        same_actions = actions == await _transitions(settings, spec_s["tenant"])
+        same_actions = actions == actions_s
         rows.append({"tenant": spec_c["tenant"], "kind": spec_c["kind"], "phase": st_c.phase,
                      "solo_phase": st_s.phase, "counts": counts_c, "solo_counts": counts_s,
                      "steps": st_c.metrics.get("steps"), "solo_steps": st_s.metrics.get("steps"),
