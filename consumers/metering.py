@@ -140,7 +140,7 @@ def build_app(settings: Settings) -> faust.App:
             current = dict(totals[usage.tenant_id].value())
             counted = current.get(IDS, [])
             if usage.usage_id in counted:
-                log.info("usage already counted", usage_id=usage.usage_id)
+                log.info("usage already counted", tenant=usage.tenant_id, usage_id=usage.usage_id)
                 continue
             key = f"{usage.role}|{usage.resource}"
             seconds, steps, events = current.get(key, (0.0, 0, 0))
@@ -154,7 +154,11 @@ def build_app(settings: Settings) -> faust.App:
 def run_worker(settings: Settings) -> None:
     """Run the metering app in this process until SIGTERM/SIGINT (faust's worker)."""
     app = build_app(settings)
-    worker = faust.Worker(app, loglevel=settings.log_level.lower(), quiet=True)
+    # faust would otherwise install its own plain-text log handler and re-log every line written to
+    # stdout/stderr (our JSON lines included) as a WARNING of its own: the process keeps the
+    # project's JSON logging, faust's records included, like every other role
+    worker = faust.Worker(app, quiet=True, override_logging=False, redirect_stdouts=False)
+    worker.spinner = None  # a terminal spinner's escape codes do not belong in a log of JSON lines
     worker.execute_from_commandline()
 
 
