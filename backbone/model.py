@@ -35,6 +35,7 @@ from backbone.presets import Preset, SpecialTokens, get_preset, hf_config, prese
 from backbone.tokenizer import build_tokenizer
 from infra.errors import ConfigError
 from infra.logging import get_logger
+from infra.reproducible import seeded
 
 __all__ = [
     "Backbone",
@@ -268,10 +269,9 @@ def build_preset(preset: Preset, path: Path) -> None:
     tokens = SpecialTokens()
     config = hf_config(preset, tokens)
     family_cls = family_for(preset.family)
-    torch.manual_seed(preset.seed)
     # bf16 presets are drawn on the GPU when there is one: on a CPU a 2B draw took > 120 s there
     where = "cuda" if preset.weights_dtype == "bfloat16" and torch.cuda.is_available() else "cpu"
-    with torch.device(where):
+    with seeded(preset.seed), torch.device(where):
         model = AutoModelForImageTextToText.from_config(config, dtype=getattr(torch, preset.weights_dtype))
     tokenizer = build_tokenizer(preset.tokenizer_vocab, tokens)
     processor = family_cls.default_processor(preset.image_size, preset.vision)

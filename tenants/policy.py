@@ -1,8 +1,8 @@
 """A tenant's action modules as one ``nn.Module``: optional policy suffix, then the head.
 
-``build_policy`` creates it from a config and seeds, without touching the
-process's global RNG (it runs under ``torch.random.fork_rng``): the same
-config and seed give bit-identical modules in any process, in any order.
+``build_policy`` creates it from a config and seeds, leaving the process's
+global RNG as it found it (``infra.reproducible.seeded``): the same config and
+seed give bit-identical modules in any process, in any order, from any thread.
 
 A suffix's frozen base is not the tenant's own: its parameters are the
 process-wide copy of ``tenants/shared_base.py`` (one per configuration and
@@ -22,6 +22,7 @@ from torch import nn
 
 from backbone.feature import VLAFeature
 from infra.errors import ConfigError
+from infra.reproducible import seeded
 from tenants.config import TenantConfig
 from tenants.heads import ActorOutput, ChunkRegressionHead, GaussianActorCritic
 from tenants.losses import Metrics, l1_chunk_loss, ppo_loss
@@ -145,18 +146,17 @@ def build_policy(config: TenantConfig, init_seed: int) -> TenantPolicy:
     block is built on the meta device and its parameters are the process's copy (``shared_base``),
     whose values are those an own block would get. The head and adapters are the tenant's own.
     """
-    with torch.random.fork_rng(devices=[]):
-        suffix, base, places = None, None, []
-        if config.suffix is not None:
-            base = shared_suffix_base(config.hidden_size, config.suffix)
-            with torch.device("meta"):
-                suffix = SuffixBlock(config.hidden_size, config.suffix)
-            for name in base.params:
-                owner, _, leaf = name.rpartition(".")
-                module = suffix.get_submodule(owner)
-                module._parameters[leaf] = base.params[name]
-                places.append((module, leaf, name))
-        torch.manual_seed(init_seed)
+    suffix, base, places = None, None, []
+    if config.suffix is not None:  # draws nothing: the base seeds itself, the block is on meta
+        base = shared_suffix_base(config.hidden_size, config.suffix)
+        with torch.device("meta"):
+            suffix = SuffixBlock(config.hidden_size, config.suffix)
+        for name in base.params:
+            owner, _, leaf = name.rpartition(".")
+            module = suffix.get_submodule(owner)
+            module._parameters[leaf] = base.params[name]
+            places.append((module, leaf, name))
+    with seeded(init_seed):
         kind = GaussianActorCritic if config.head.kind == "gaussian_actor_critic" else ChunkRegressionHead
         head = kind(config.suffix_width + config.head.proprio_dim, config.head)
         if suffix is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from infra.reproducible import seeded
 from tenants.config import SuffixConfig
 
 __all__ = ["SharedSuffixBase", "base_key", "live_bases", "shared_suffix_base"]
@@ -54,8 +55,7 @@ class SharedSuffixBase:
 def _build(hidden_size: int, cfg: SuffixConfig, device: torch.device, dtype: torch.dtype) -> dict:
     from tenants.suffix import SuffixBlock  # here: suffix.py imports this module
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.base_seed)
+    with seeded(cfg.base_seed):
         block = SuffixBlock(hidden_size, cfg)  # on the CPU in float32, exactly as an unshared block
     return {name: nn.Parameter(p.detach().to(device, dtype), requires_grad=False)
             for name, p in block.named_parameters()}
