@@ -15,11 +15,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tenants.config import SuffixConfig
 
-__all__ = ["SuffixBlock", "add_lora", "lora_target_modules"]
+__all__ = ["SuffixBlock", "add_lora", "attention", "lora_target_modules"]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of ``q, k, v [B, heads, T, d]`` over the real keys (``mask [B, T]``), written out.
+
+    Not ``F.scaled_dot_product_attention``: its kernel is chosen by flags that are process-wide,
+    so pinning this block to the deterministic math kernel (``sdpa_kernel``) switched the
+    backbone's fused kernel off in every other thread meanwhile (measured: another thread saw
+    it off in 3,078 of 5,163 looks), and the backbone's features then depended on timing. Plain
+    products and a softmax are deterministic on every device, backward included, and batch-
+    invariant like every other product here. A request with no real token attends uniformly
+    (its pooled output is zero anyway) instead of producing NaN.
+    """
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+    scores = scores.masked_fill(~mask[:, None, None, :], torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1) @ v
 
 
 class SuffixBlock(nn.Module):
@@ -52,10 +67,7 @@ class SuffixBlock(nn.Module):
         x = self.in_proj(sequence)
         h = self.norm1(x)
         q, k, v = self._heads(self.q_proj(h)), self._heads(self.k_proj(h)), self._heads(self.v_proj(h))
-        # The math kernel: deterministic on every device, where the fused CUDA kernels' backward is not
-        # (or is refused under torch.use_deterministic_algorithms); one small block does not need them.
-        with sdpa_kernel(SDPBackend.MATH):
-            attn = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None, None, :])
+        attn = attention(q, k, v, attention_mask)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(x.shape))
         x = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
         keep = attention_mask.unsqueeze(-1).to(x.dtype)

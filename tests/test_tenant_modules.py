@@ -178,6 +178,42 @@ def test_suffix_ignores_padded_tokens() -> None:
         assert torch.equal(policy.encode(feature), policy.encode(changed))
 
 
+def test_a_suffix_forward_leaves_the_process_wide_attention_kernel_flags_alone() -> None:
+    """torch's attention kernel flags are process-wide: a suffix that pinned its own attention to
+    the math kernel switched the backbone's fused kernel off in every other thread meanwhile, so
+    shared features depended on timing. Every torch call inside a suffix forward must see the
+    flags as the process set them."""
+    from torch.overrides import TorchFunctionMode
+
+    class Flags(TorchFunctionMode):
+        seen: set[tuple[bool, bool]] = set()
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.add((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+            return func(*args, **(kwargs or {}))
+
+    policy = build_policy(tenant_config("a", lora_rank=4), init_seed=0)
+    feature = make_feature(torch.Generator().manual_seed(4))
+    before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+    with torch.no_grad(), Flags() as mode:
+        policy.encode(feature)
+    assert mode.seen == {before}
+
+
+def test_the_suffix_attention_is_the_math_kernels() -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tenants.suffix import attention
+
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 2, 7, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(3, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    with sdpa_kernel(SDPBackend.MATH):
+        expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :])
+    assert torch.allclose(attention(q, k, v, mask), expected, rtol=0, atol=1e-12)
+
+
 def test_suffix_trains_only_lora_adapters_of_the_chosen_rank() -> None:
     for rank in (4, 8):
         policy = build_policy(tenant_config("a", lora_rank=rank), init_seed=0)
