@@ -2,8 +2,9 @@
 
     python -m benchmarks.load [--tenants 16] [--iterations 1] [--episodes 2] [--steps 8] [--json PATH]
 
-Tenants alternate between PPO on the built-in Reach task (3 of 4) and SFT on the
-Reach dataset (1 of 4), each with its own seed and the smoke-sized work of
+Tenants alternate between PPO on the built-in Reach task (3 of 4; the second of
+every four with a policy suffix over the backbone's tokens, trained through LoRA)
+and SFT on the Reach dataset (1 of 4), each with its own seed and the smoke-sized work of
 ``benchmarks/multi_tenant.py``. First each tenant runs ALONE on the service (one
 after another: its solo run), then all of them at once under fresh tenant ids.
 Checked and printed, nothing is assumed:
@@ -46,16 +47,19 @@ from infra.topics import tenant_topic
 
 def load_specs(n: int, dataset: Path, iterations: int = 1, episodes: int = 2,
                steps: int = 8) -> list[dict[str, Any]]:
-    """``n`` jobs: 3 of 4 PPO on Reach (``iterations`` x ``episodes`` x ``steps``), 1 of 4 SFT (one
-    epoch of the quick dataset), all with distinct seeds."""
+    """``n`` jobs: 3 of 4 PPO on Reach (``iterations`` x ``episodes`` x ``steps``), the second of them
+    with a policy suffix (the paper's adapters: a block over the backbone's tokens, trained
+    through LoRA), 1 of 4 SFT (one epoch of the quick dataset), all with distinct seeds."""
     smoke = bench_scenario("smoke", dataset, False)
     rl, sft = (next(s for s in smoke if s["kind"] == k) for k in ("rl", "sft"))
     rl["rl"].update(iterations=iterations, episodes_per_iteration=episodes)
     rl["env"]["max_episode_steps"] = steps
     specs = []
     for i in range(n):
-        base = sft if i % 4 == 3 else rl
-        specs.append({**json.loads(json.dumps(base)), "tenant": f"load{i:02d}", "seed": 100 + i})
+        spec = json.loads(json.dumps(sft if i % 4 == 3 else rl))
+        if i % 4 == 1:
+            spec.setdefault("modules", {})["suffix"] = True
+        specs.append({**spec, "tenant": f"load{i:02d}", "seed": 100 + i})
     return specs
 
 

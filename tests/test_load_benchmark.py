@@ -1,5 +1,6 @@
-"""The load benchmark at a test-sized load (4 tenants: 3 PPO, 1 SFT): every job completes, nothing
-is lost and every tenant's final parameters equal its solo run; lag is sampled from the groups."""
+"""The load benchmark at a test-sized load (4 tenants: 3 PPO, one of them with a policy suffix, 1 SFT):
+every job completes, nothing is lost and every tenant's final parameters equal its solo run; lag is
+sampled from the groups."""
 
 from __future__ import annotations
 
@@ -34,5 +35,6 @@ def test_specs_have_distinct_seeds_and_the_asked_work(tmp_path) -> None:
     specs = load.load_specs(16, tmp_path, iterations=2, episodes=3, steps=5)
     assert len({s["seed"] for s in specs}) == 16 and len({s["tenant"] for s in specs}) == 16
     rl = [s for s in specs if s["kind"] == "rl"]
+    assert [i for i, s in enumerate(specs) if s.get("modules", {}).get("suffix")] == [1, 5, 9, 13]
     assert len(rl) == 12 and all(s["rl"]["iterations"] == 2 and s["rl"]["episodes_per_iteration"] == 3
                                  and s["env"]["max_episode_steps"] == 5 for s in rl)
