@@ -131,7 +131,7 @@ def build_app(settings: Settings) -> faust.App:
             try:
                 usage = codec.decode(value)
             except SchemaError as exc:
-                log.error("undecodable usage record skipped", error=str(exc)[:200])
+                log.error("undecodable usage record skipped", error=str(exc)[:200], **_position())
                 continue
             if not isinstance(usage, ev.UsageRecorded) or not usage.tenant_id:
                 continue
@@ -140,7 +140,8 @@ def build_app(settings: Settings) -> faust.App:
             current = dict(totals[usage.tenant_id].value())
             counted = current.get(IDS, [])
             if usage.usage_id in counted:
-                log.info("usage already counted", tenant=usage.tenant_id, usage_id=usage.usage_id)
+                log.info("usage already counted", tenant=usage.tenant_id, usage_id=usage.usage_id,
+                         **_position())
                 continue
             key = f"{usage.role}|{usage.resource}"
             seconds, steps, events = current.get(key, (0.0, 0, 0))
@@ -149,6 +150,15 @@ def build_app(settings: Settings) -> faust.App:
             totals[usage.tenant_id] = current  # ONE write: the sums and the ids they counted
 
     return app
+
+
+def _position() -> dict[str, object]:
+    """Topic, partition and offset of the record the agent is handling, for its log lines."""
+    event = faust.current_event()
+    if event is None:
+        return {}
+    return {"topic": event.message.topic, "partition": event.message.partition,
+            "offset": event.message.offset}
 
 
 def run_worker(settings: Settings) -> None:
