@@ -219,11 +219,12 @@ def _skipped(log_path, start: int, tenants: set[str]) -> Counter:
         try:
             entry = json.loads(line)
         except ValueError:
-            continue  # faust's own start-up lines are not JSON
+            continue  # a traceback printed by a crashing worker is not JSON
         if (isinstance(entry, dict) and entry.get("event") == "usage already counted"
                 and entry.get("tenant") in tenants):
             found[entry["usage_id"]] += 1
     return found
+
 
 async def _all_counted(settings, tenants) -> bool:
     """The table counts as many events as there are distinct usage ids of ``tenants`` in the log."""

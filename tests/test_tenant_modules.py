@@ -186,7 +186,9 @@ def test_a_suffix_forward_leaves_the_process_wide_attention_kernel_flags_alone()
     from torch.overrides import TorchFunctionMode
 
     class Flags(TorchFunctionMode):
-        seen: set[tuple[bool, bool]] = set()
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[tuple[bool, bool]] = set()
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             self.seen.add((torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
