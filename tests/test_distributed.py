@@ -1,9 +1,9 @@
 """The service as OS processes under ``ProcessSupervisor`` (what ``joynexus up`` runs), against the
 real broker: a cold start on a fresh home, then a two-tenant RL + SFT run during which the env workers are
-scaled up and down, every role process is SIGKILLed in turn (the optimizer twice), and one is
-SIGSTOPped. The
-supervisor and the health role must bring everything back unaided, and every policy version must
-be bit-identical to an uninterrupted run of the same jobs. Measured recovery times are printed."""
+scaled up and down, the four role processes that carry a job's work are SIGKILLed together, then the
+others one by one (the optimizer a second time), and one is SIGSTOPped. The supervisor and the
+health role must bring everything back unaided, and every policy version must be bit-identical to
+an uninterrupted run of the same jobs. Measured recovery times are printed."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from tests.helpers import read_topic, wait_for
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
-RL: dict[str, Any] = {"iterations": 30, "episodes_per_iteration": 3, "minibatch_size": 16, "ppo_epochs": 2}
+RL: dict[str, Any] = {"iterations": 60, "episodes_per_iteration": 3, "minibatch_size": 16, "ppo_epochs": 2}
 ROLE_OF_KIND = {"device": "inference", "master": "master", "env": "env", "optimizer": "optimizer",
                 "rollout": "rollout", "evaluator": "evaluator", "health": "health"}
 
@@ -112,11 +112,14 @@ async def test_processes_heal_themselves_and_change_no_bit(settings: Settings, u
                                                                     for i in supervisor.instances]
         async with Client(local, requested_by="test") as client:
             # 2. the uninterrupted reference
+            ref_began = time.monotonic()
             for state in await run_jobs(client, ref):
                 assert state.phase == "completed", state.reason
+            ref_s = time.monotonic() - ref_began
 
             # 3. the same jobs for other tenants, while env workers are scaled up and down, every role
-            # process is SIGKILLed in turn (the optimizer twice) and one is SIGSTOPped
+            # process is SIGKILLed (the optimizer twice) and one is SIGSTOPped
+            chaos_began = time.monotonic()
             chaos_run = asyncio.create_task(run_jobs(client, chaos))
             await asyncio.sleep(3)
             await supervisor.scale_env(3)
@@ -125,24 +128,35 @@ async def test_processes_heal_themselves_and_change_no_bit(settings: Settings, u
             await supervisor.scale_env(1)
             assert len(supervisor.of_kind("env")) == 1
             assert not chaos_run.done(), "the jobs ended before the env workers were scaled down"
-            # the roles that carry a job's work first, while it surely runs; then the others
-            kinds = ("optimizer", "device", "rollout", "env", "optimizer", "master", "evaluator", "health")
-            for n, kind in enumerate(kinds):
+            # the four roles that carry a job's work die together, while it surely runs: killed one
+            # after another, each after the one before had healed, the jobs ended before the last
+            # kill on a CI machine (30 iterations then; 18 s uninterrupted here, 33 s at 60, and the
+            # kills come ~12 s in). Then the others, and the optimizer again, whether or not the jobs
+            # still run.
+            carriers = [supervisor.of_kind(kind)[0] for kind in ("optimizer", "device", "rollout", "env")]
+            old_pids, killed_at = {i.kind: i.pid for i in carriers}, time.monotonic()
+            for inst in carriers:
+                os.kill(inst.pid, signal.SIGKILL)
+
+            async def heals(inst: Instance) -> None:
+                await wait_for(lambda: alive_again(book, inst, old_pids[inst.kind]), timeout_s=180,
+                               what=f"{inst.kind} back after SIGKILL")
+                recovery[f"{inst.kind} (together)"] = time.monotonic() - killed_at
+                # the work it carries moves again (all four are needed for any of it to move)
+                await wait_for(lambda: progressed(book, inst) or chaos_run.done(), timeout_s=180,
+                               what=f"{inst.kind} progressing after SIGKILL")
+                if progressed(book, inst):
+                    resumed[f"{inst.kind} (together)"] = time.monotonic() - killed_at
+
+            await asyncio.gather(*(heals(inst) for inst in carriers))
+            assert len(resumed) == len(carriers) or chaos_run.done(), resumed
+            for kind in ("optimizer", "master", "evaluator", "health"):
                 (inst,) = supervisor.of_kind(kind)
                 old_pid, killed_at = inst.pid, time.monotonic()
-                working = not chaos_run.done()
                 os.kill(old_pid, signal.SIGKILL)
                 await wait_for(lambda inst=inst, old=old_pid: alive_again(book, inst, old), timeout_s=180,
                                what=f"{kind} back after SIGKILL")
-                label = kind if kind not in recovery else f"{kind} again"
-                recovery[label] = time.monotonic() - killed_at
-                carries_work = kind in ("optimizer", "device", "rollout", "env")
-                if n < 4:
-                    assert working, f"the jobs ended before {kind} was killed: make them longer"
-                if carries_work and working and not chaos_run.done():  # the work it carries moves again
-                    await wait_for(lambda inst=inst: progressed(book, inst), timeout_s=180,
-                                   what=f"{kind} progressing after SIGKILL")
-                    resumed[label] = time.monotonic() - killed_at
+                recovery[f"{kind} again" if kind == "optimizer" else kind] = time.monotonic() - killed_at
 
             # 4. a hung process (SIGSTOP: alive, silent) is judged and restarted
             (rollout,) = supervisor.of_kind("rollout")
@@ -153,6 +167,7 @@ async def test_processes_heal_themselves_and_change_no_bit(settings: Settings, u
             recovery["rollout (SIGSTOP)"] = time.monotonic() - stopped_at
 
             results = await chaos_run
+            chaos_s = time.monotonic() - chaos_began
         for state in results:
             assert state.phase == "completed", state.reason
     finally:
@@ -174,7 +189,8 @@ async def test_processes_heal_themselves_and_change_no_bit(settings: Settings, u
                     for r in await read_topic(local, tenant_topic(local, chaos[0]["tenant"], "rollouts"))
                     if isinstance(r.event, ev.RolloutRecord))
     assert steps and max(steps.values()) == 1
-    print(f"\ncold start {cold_start_s:.1f} s; kill -> healthy again (s): "
+    print(f"\ncold start {cold_start_s:.1f} s; jobs uninterrupted {ref_s:.0f} s, disrupted {chaos_s:.0f} s"
+          + "; kill -> healthy again (s): "
           + ", ".join(f"{k} {v:.1f}" for k, v in recovery.items())
           + "; kill -> progress again (s): " + ", ".join(f"{k} {v:.1f}" for k, v in resumed.items())
           + f"; total {time.monotonic() - began:.0f} s")
