@@ -5,7 +5,7 @@
                                       [--deployment in-process|processes [--cpus device=0,optimizer=0,rest=1]
                                                     [--env-workers 3]]
                                       [--no-feature-cache] [--warm-up scenario|smoke]
-                                      [--json PATH] [--run-dir DIR]
+                                      [--step-trace] [--json PATH] [--run-dir DIR]
 
 The same fixed work per tenant (the demo's jobs: PPO on Reach twice, PPO on
 ManiSkill PushCube, SFT on a Reach dataset; ``smoke`` is a seconds-long
@@ -64,6 +64,11 @@ of the tenants' runs, as if each rented the device for its own run). What the
   are a fixed count (``--env-workers``, no autoscaling), so both modes run on
   the same processes.
 
+``--step-trace`` (processes only) turns the inference role's step trace on
+(``consumers/step_trace.py``) and prints where an env step's round trip went in
+each mode: bus in, lookup, device (preparation, group wait, forward), head, ack,
+means and medians over every traced step of the mode's passes.
+
 Outputs: a table on stdout; ``--json`` (and ``RUN_DIR/multi_tenant.json``):
 {scenario, repeats, runs: [...], medians, spread, ratios, bit_identical};
 ``RUN_DIR/comparison.json`` (``joynexus.comparison.v1``, for the report),
@@ -93,6 +98,7 @@ from rich.table import Table
 
 from backbone.timeline import ForwardLog, ForwardRecord, read_window
 from benchmarks.tenant_turns import TenantTurns
+from consumers.step_trace import STAGES, read_steps, stage_summary
 from infra.errors import JoynexusError
 from infra.runtime.affinity import pin_process
 from infra.runtime.demo import ensure_dataset, scenario
@@ -377,13 +383,14 @@ class OptimizerSeconds:
 
 
 async def run_mode(device, client, turns: TenantTurns, base: list[dict], mode: str, label: str,
-                   optimizer: OptimizerSeconds) -> dict[str, Any]:
+                   optimizer: OptimizerSeconds, steps_dir: Path | None = None) -> dict[str, Any]:
     """One pass: shared, one turn of every tenant at once; isolated, one turn per tenant, one after
     another. Each turn's tenants exist only during it (``TenantTurns``); its measures are taken
-    between two snapshots inside it, and the mode's are their sums."""
+    between two snapshots inside it, and the mode's are their sums. ``steps_dir``: where the step
+    trace is (read for the turns' windows; None: not traced)."""
     specs = [{**s, "tenant": f"{s['tenant']}-{label}", "job_id": "bench"} for s in base]
     run: dict[str, Any] = {}
-    states, spans, forwards, makespan = [], [], [], 0.0
+    states, spans, forwards, steps, makespan = [], [], [], [], 0.0
     for group in [specs] if mode == "shared" else [[s] for s in specs]:
         async with turns.turn(s["tenant"] for s in group):
             before = await device.snapshot()
@@ -396,6 +403,9 @@ async def run_mode(device, client, turns: TenantTurns, base: list[dict], mode: s
         states += done
         spans += done_spans
         forwards += [f for f in device.timeline_since(before["clock_s"]) if f.start_s <= after["clock_s"]]
+        if steps_dir is not None:  # the snapshot waited for the device host's next export
+            steps += read_steps(steps_dir, device.origin_unix + before["clock_s"],
+                                device.origin_unix + after["clock_s"])
     run |= {"mode": mode, "makespan_s": makespan, "device_time_s": makespan,
             "busy_total_s": run["busy_train_s"] + run["busy_inference_s"]}
     run["busy_optimizer_s"], run["optimizer_steps"] = await optimizer.of([s["tenant"] for s in specs])
@@ -408,6 +418,9 @@ async def run_mode(device, client, turns: TenantTurns, base: list[dict], mode: s
     run["spans"] = spans  # per tenant: (submitted, completed) on the timeline's clock
     run["_states"] = states
     run["_forwards"] = forwards
+    run["_steps"] = steps
+    if steps_dir is not None:
+        run["steps_traced"] = len(steps)
     return run
 
 
@@ -449,6 +462,24 @@ def print_cpu(console: Console, cpu: dict[str, dict[str, float]], affinity: dict
                  for m in MODES]
         table.add_row(name, f"{iso:.1f}", f"{sha:.1f}", f"{sha / iso:.3f}" if iso else "-",
                       " / ".join(f"{w:.1f}" for w in waits))
+    console.print(table)
+
+
+def step_stages(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per mode: each stage of the traced steps of all its passes (empty when not traced)."""
+    return {mode: stage_summary(s for r in runs if r["mode"] == mode for s in r["_steps"]) for mode in MODES}
+
+
+def print_stages(console: Console, stages: dict[str, dict[str, dict[str, float]]]) -> None:
+    if not stages["isolated"] or not stages["shared"]:
+        return
+    counts = " / ".join(f"{stages[mode]['total']['steps']:.0f}" for mode in MODES)
+    table = Table("stage", "isolated ms: mean / p50", "shared ms: mean / p50", "shared / isolated (means)",
+                  title=f"where an env step's round trip goes (device host) (step trace; {counts} steps)")
+    for name in (*STAGES, "total"):
+        iso, sha = stages["isolated"][name], stages["shared"][name]
+        ratio = f"{sha['mean_ms'] / iso['mean_ms']:.2f}" if iso["mean_ms"] else "-"
+        table.add_row(name, *(f"{m['mean_ms']:.2f} / {m['p50_ms']:.2f}" for m in (iso, sha)), ratio)
     console.print(table)
 
 
@@ -561,7 +592,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     settings = settings.model_copy(update={"feature_cache_scope": "tenant"} if args.feature_cache
                                    else {"train_feature_cache_mb": 0.0})
     if args.deployment == "processes":
-        settings = settings.model_copy(update={"cpu_affinity": args.cpus or default_cpus()})
+        settings = settings.model_copy(update={"cpu_affinity": args.cpus or default_cpus(),
+                                               "step_trace": args.step_trace or settings.step_trace})
         # this process (the tenants' client) and a broker it starts below stay off the device's core
         pin_process(settings.cpu_affinity, "benchmark")
     if settings.bootstrap_servers is None:
@@ -585,13 +617,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 bar = progress.add_task("warm-up (not counted)", total=1 + 2 * args.repeats)
                 warm = base if args.warm_up == "scenario" else bench_scenario(
                     "smoke", dataset, not args.no_maniskill, args.builtin_third)
+                steps_dir = settings.timeline_dir if args.step_trace else None
                 await run_mode(device, client, turns, warm, "shared", f"w{tag}", optimizer)
                 progress.advance(bar)
                 for r, modes in enumerate(order):
                     for mode in modes:
                         progress.update(bar, description=f"repeat {r + 1}/{args.repeats}: {mode}")
                         label = f"{mode[0]}{r}{tag}"
-                        run = await run_mode(device, client, turns, base, mode, label, optimizer)
+                        run = await run_mode(device, client, turns, base, mode, label, optimizer, steps_dir)
                         run["repeat"], run["order"] = r, "-".join(modes)
                         runs.append(run)
                         # each pass as it ends: a run cut short by a time limit still shows its passes
@@ -609,12 +642,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               "feature_cache_scope": settings.feature_cache_scope,
               "batching": {k: getattr(settings, k) for k in BATCHING}, **summarise(runs),
               "bit_identical": same, "cpu_medians": cpu_medians(runs),
-              "runqueue_wait_medians": cpu_medians(runs, "rqwait_"),
+              "runqueue_wait_medians": cpu_medians(runs, "rqwait_"), "step_stages": step_stages(runs),
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
     print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "
                 f"backbone {settings.backbone}, scenario {args.scenario}, "
                 f"{args.repeats} repeats (alternating order), warm-up first")
     print_cpu(console, result["cpu_medians"], settings.cpu_affinity, result["runqueue_wait_medians"])
+    print_stages(console, result["step_stages"])
     print_steal(console, runs, result["medians"])
     print_verdicts(console, result, runs, settings.cpu_affinity if args.deployment == "processes" else None)
     write_run_dir(run_dir, result, runs, device.origin_unix, args)
@@ -654,6 +688,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                              "forwarded (PPO: every epoch), as runs before 2026-11-30 measured")
     parser.add_argument("--warm-up", choices=("scenario", "smoke"), default="scenario",
                         help="the uncounted first run: the scenario itself, or its smoke-sized shrink")
+    parser.add_argument("--step-trace", action="store_true",
+                        help="processes: trace every answered step's stages in the device host and "
+                             "print them per mode (consumers/step_trace.py)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--run-dir", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -663,6 +700,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--iterations must be >= 1")
     if args.env_workers < 1:
         parser.error("--env-workers must be >= 1")
+    if args.step_trace and args.deployment != "processes":
+        parser.error("--step-trace needs --deployment processes (the trace is read from the device "
+                     "host's files)")
     return args
 
 

@@ -24,6 +24,9 @@ group or in what order observations arrived. Observations are requests, not
 state: offsets are committed as they are read (at most a second behind), and an
 env that gets no answer asks again, so a restarted inference role loses nothing.
 
+With ``settings.step_trace`` on, each answered step's stage times (bus in, lookup, device, head,
+ack) are appended beside the forward timeline (``consumers/step_trace.py``).
+
 A policy that cannot run is not left to be asked forever: an observation that fails twice (the
 second time after the read models caught up) fails its job with ``JobFailed`` (stage
 ``inference``, the error as reason) and closes the job's open sessions, within seconds.
@@ -49,6 +52,7 @@ from consumers.bus.loop import bind_record, commit_within, make_consumer
 from consumers.bus.protocols import Workload
 from consumers.convert import observation_request
 from consumers.service import Service
+from consumers.step_trace import STEPS_SUFFIX, StepTrace
 from infra.errors import JoynexusError, SchemaError
 from infra.follow import TopicFollower
 from infra.logging import get_logger
@@ -88,6 +92,7 @@ class InferenceRole:
         settings = self.settings = service.settings
         self.instance = instance
         self._next_export = 0.0
+        self.trace = StepTrace() if settings.step_trace else None
         self.codec = Codec.for_settings(service.settings)
         self.consumer = make_consumer(
             settings, GROUP, pattern=tenant_stream_pattern(settings, "observations")
@@ -192,11 +197,14 @@ class InferenceRole:
 
     def _export_timeline(self) -> None:
         """The device gate's new forwards into this instance's timeline file, where a run report in
-        another process finds them (``backbone/timeline.py``; this role already reports the gate)."""
+        another process finds them (``backbone/timeline.py``; this role already reports the gate),
+        and the step trace beside it when it is on."""
         self._next_export = time.monotonic() + TIMELINE_EXPORT_S
+        directory = self.settings.timeline_dir
         try:
-            self.service.gate.timeline.export_jsonl(
-                self.settings.timeline_dir / f"{self.instance}{JSONL_SUFFIX}")
+            self.service.gate.timeline.export_jsonl(directory / f"{self.instance}{JSONL_SUFFIX}")
+            if self.trace is not None:
+                self.trace.export(directory / f"{self.instance}{STEPS_SUFFIX}")
         except OSError as exc:  # the report loses a stretch of timeline; the service loses nothing
             log.warning("timeline export failed", error=str(exc)[:200])
 
@@ -240,6 +248,7 @@ class InferenceRole:
 
     # ------------------------------------------------------------------ one observation
     async def _answer(self, record: ConsumerRecord) -> None:
+        read = time.time()
         with bind_record("inference", record):
             try:
                 obs = self.codec.decode(record.value)
@@ -259,8 +268,9 @@ class InferenceRole:
                                              self._answers[step], key=obs.session_id)
                 return
             self._in_flight.add(step)
+            marks = [obs.envelope.occurred_at.timestamp(), read] if self.trace is not None else None
             try:
-                action = await self._answer_step(obs)
+                action = await self._answer_step(obs, marks)
             finally:
                 self._in_flight.discard(step)
             if action is None:
@@ -272,17 +282,21 @@ class InferenceRole:
                 tenant_topic(self.settings, obs.tenant_id, "actions"), action, key=obs.session_id
             )
             self.answered += 1
+            if marks is not None:
+                marks.append(time.time())
+                self.trace.add(obs.tenant_id, obs.session_id, obs.episode_id, obs.step, marks)
 
-    async def _answer_step(self, obs: ev.Observation) -> ev.Action | None:
-        """The action for ``obs``, with one retry; None when the policy failed (its job is failed)."""
+    async def _answer_step(self, obs: ev.Observation, marks: list[float] | None) -> ev.Action | None:
+        """The action for ``obs``, with one retry; None when the policy failed (its job is failed).
+        ``marks``: the step trace's times so far, extended by ``_act`` (None: not traced)."""
         try:
-            action = await self._act(obs)
+            action = await self._act(obs, marks)
         except Exception as first:  # noqa: BLE001 - one retry, after the read models caught up
             log.warning("inference failed; retrying once", error_class=type(first).__name__,
                         error=str(first)[:300])
             try:
                 await self._catch_up(obs.tenant_id)
-                action = await self._act(obs)
+                action = await self._act(obs, marks)
             except Exception as exc:
                 log.error("inference failed twice; failing the job", error_class=type(exc).__name__,
                           error=str(exc)[:300])
@@ -365,17 +379,25 @@ class InferenceRole:
             raise SchemaError(f"observation for unknown session {obs.session_id}")
         return session
 
-    async def _act(self, obs: ev.Observation) -> ev.Action:
+    async def _act(self, obs: ev.Observation, marks: list[float] | None = None) -> ev.Action:
+        if marks is not None:
+            del marks[2:]  # a retry marks afresh
         session = await self._session(obs)
         tenant = obs.tenant_id
         version = session.policy_version or self.latest.get(tenant)
         if version is None:
             raise SchemaError(f"tenant {tenant} has no published policy version yet")
         slot = await self._policy(tenant, version)
+        if marks is not None:
+            marks.append(time.time())
         feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio),
                                             source=_source(tenant, obs.session_id))
+        if marks is not None:
+            marks.append(time.time())
         generator = action_generator(session.action_seed, _episode_seed(session, obs.episode_id), obs.step)
         out = await self.acts.act(slot.policy, feature.detach(), generator, session.deterministic)
+        if marks is not None:
+            marks.append(time.time())
         if isinstance(out, ActorOutput):
             action, log_prob, value = out.action[0], float(out.log_prob[0]), float(out.value[0])
         else:

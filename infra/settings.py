@@ -160,6 +160,9 @@ class Settings(BaseSettings):
         "tenant learns from its step times what another sent; each costs the device what it would "
         "alone). content: identical inputs of different tenants share one entry.")
     policy_cache: int = Field(16, ge=1, description="Tenant policy versions the inference role keeps loaded.")
+    step_trace: bool = Field(
+        False, description="The inference role appends each answered step's stage times (bus in, lookup, "
+        "device, head, ack) to <home>/timelines/<instance>.steps.jsonl (consumers/step_trace.py).")
     usage_flush_s: float = Field(
         5.0, gt=0, description="How often the inference role publishes its per-tenant device-seconds.")
     metering_window_s: int = Field(

@@ -2,7 +2,7 @@
 as OS processes under the supervisor (device host and optimizer pinned to one CPU, the rest to the
 others), a warm-up, one isolated and
 one shared run, figures read from the device host's timeline file, bit-identical final parameters,
-and every output file. No assertion on time."""
+the step trace, and every output file. No assertion on time."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
            "JOYNEXUS_LOG_LEVEL": "WARNING", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.multi_tenant", "--deployment", "processes", "--scenario", "smoke",
-         "--no-maniskill", "--repeats", "1", "--env-workers", "1", "--json", str(out),
+         "--no-maniskill", "--repeats", "1", "--env-workers", "1", "--step-trace", "--json", str(out),
          "--run-dir", str(run_dir)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -78,6 +78,19 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
                  "report.html"):
         assert (run_dir / name).exists(), name
     assert "deployment processes" in json.loads((run_dir / "comparison.json").read_text())["note"]
+    # the step trace: every step the device host answered in a pass, once, split into its stages
+    traces = json.loads((run_dir / "traces.json").read_text())
+    for run, trace in zip(result["runs"], traces, strict=True):
+        rows = sum(len(f[3]) for f in trace["forwards"]["forwards"] if f[0] == "inference")
+        assert run["steps_traced"] == rows > 0, (run["mode"], run["steps_traced"], rows)
+    for mode in ("isolated", "shared"):
+        stages = result["step_stages"][mode]
+        assert set(stages) == {"bus_in", "lookup", "device", "head", "ack", "total"}
+        assert all(s["steps"] == stages["total"]["steps"] and s["mean_ms"] >= 0 for s in stages.values())
+        parts = sum(s["mean_ms"] for name, s in stages.items() if name != "total")
+        assert parts == pytest.approx(stages["total"]["mean_ms"])
+        assert stages["device"]["mean_ms"] > 0  # a forward takes time
+    assert "where an env step's round trip goes" in done.stdout
     # each pass's forwards are relative to the run's start, and the file names that wall time
     path = run_dir / "traces.json"
     for trace in json.loads(path.read_text()):
