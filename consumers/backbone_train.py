@@ -1,7 +1,8 @@
 """The backbone-train role: many tenants' gradient jobs, one backbone forward per compatible group.
 
 Consumer group ``backbone-train`` on every tenant's gradient-jobs topic. Each
-poll takes up to ``train_max_batch_jobs`` jobs of any tenants, splits them
+poll takes up to ``train_max_batch_jobs`` jobs, at least one of every tenant that has one
+waiting (``consumers/bus/fair.py``), splits them
 into rows, groups the rows by bucket (same camera count and padded length),
 runs ONE forward per bucket on the device gate's training queue (inference
 goes first), and puts each job's rows back together as that tenant's
@@ -51,6 +52,7 @@ from backbone.feature_cache import for_request
 from backbone.grouped import forward_grouped_on
 from backbone.inputs import Prepared
 from consumers.bus.dlq import publish_dead_letter
+from consumers.bus.fair import getmany_fair
 from consumers.bus.loop import make_consumer
 from consumers.bus.protocols import Workload
 from consumers.bus.transform import PartitionProducers
@@ -114,6 +116,7 @@ class BackboneTrainRole:
         self.cache = service.features
         self.committed = 0
         self.aborted = 0
+        self.polls = 0
 
     def workload(self) -> Workload:
         # a poll's forwards run in chunks between inference's (backbone.gate): each chunk is progress,
@@ -138,8 +141,10 @@ class BackboneTrainRole:
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             await self.producers.close_revoked()
-            limit = self.settings.train_max_batch_jobs
-            batches = await self.consumer.getmany(timeout_ms=200, max_records=limit)
+            # every tenant with jobs waiting gets a share of each poll: a sync RL tenant's one
+            # job an iteration must not wait behind an SFT tenant's hundreds (bus/fair.py)
+            self.polls += 1
+            batches = await getmany_fair(self.consumer, self.settings.train_max_batch_jobs, 200, self.polls)
             if batches:
                 await self._poll(batches)
 
