@@ -38,6 +38,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.jsonl import append_lines, read_rows
 from infra.stats import nearest_rank
 
 __all__ = [
@@ -133,30 +134,23 @@ class ForwardLog:
         self._exported = self.added
         if new <= 0:
             return 0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > max_bytes:
-            path.replace(path.with_name(path.name + ".1"))
         o = self.origin_unix
-        lines = [json.dumps([r.queue, round(o + r.start_s, 6), round(o + r.end_s, 6), list(r.tenants)],
-                            separators=(",", ":"))
-                 for r in list(self.records)[-new:]]
-        with path.open("a") as f:
-            f.write("\n".join(lines) + "\n")
-        return new
+        return append_lines(path, (json.dumps([r.queue, round(o + r.start_s, 6), round(o + r.end_s, 6),
+                                               list(r.tenants)], separators=(",", ":"))
+                                   for r in list(self.records)[-new:]), max_bytes)
 
 
 def read_window(directory: Path, since_unix: float, until_unix: float | None = None) -> list[ForwardRecord]:
     """Forwards that started in [since, until] in every exported file of ``directory``, with times
     relative to ``since_unix``, in start order. A torn last line (a process killed mid-write) is skipped."""
     out = []
-    for path in sorted(Path(directory).glob(f"*{JSONL_SUFFIX}*")):
-        for line in path.read_text().splitlines():
-            try:
-                queue, start, end, tenants = json.loads(line)
-            except (ValueError, TypeError):
-                continue
-            if start >= since_unix and (until_unix is None or start <= until_unix):
-                out.append(ForwardRecord(queue, start - since_unix, end - since_unix, tuple(tenants)))
+    for row in read_rows(directory, JSONL_SUFFIX):
+        try:
+            queue, start, end, tenants = row
+        except (ValueError, TypeError):
+            continue
+        if start >= since_unix and (until_unix is None or start <= until_unix):
+            out.append(ForwardRecord(queue, start - since_unix, end - since_unix, tuple(tenants)))
     return sorted(out, key=lambda r: r.start_s)
 
 

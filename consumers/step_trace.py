@@ -30,6 +30,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.jsonl import append_lines, read_rows
+
 __all__ = ["MARKS", "STAGES", "STEPS_SUFFIX", "StepRecord", "StepTrace", "read_steps", "stage_summary"]
 
 STEPS_SUFFIX = ".steps.jsonl"
@@ -57,44 +59,33 @@ class StepTrace:
 
     def __init__(self) -> None:
         self._lines: list[str] = []
-        self.added = 0
 
     def add(self, tenant: str, session: str, episode: str, step: int, marks: list[float]) -> None:
         if len(marks) != len(MARKS):
             raise ValueError(f"a step has {len(MARKS)} marks ({', '.join(MARKS)}), got {len(marks)}")
         self._lines.append(json.dumps({"tenant": tenant, "session": session, "episode": episode, "step": step,
                                        "t": [round(m, 6) for m in marks]}, separators=(",", ":")))
-        self.added += 1
 
     def export(self, path: Path, max_bytes: int = 64 * 2**20) -> int:
         """Appends the steps added since the last export to ``path``; returns how many. A file above
         ``max_bytes`` is moved to ``<name>.1`` first (the one before is dropped)."""
         lines, self._lines = self._lines, []
-        if not lines:
-            return 0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists() and path.stat().st_size > max_bytes:
-            path.replace(path.with_name(path.name + ".1"))
-        with path.open("a") as f:
-            f.write("\n".join(lines) + "\n")
-        return len(lines)
+        return append_lines(path, lines, max_bytes)
 
 
 def read_steps(directory: Path, since_unix: float, until_unix: float | None = None) -> list[StepRecord]:
     """The traced steps of every instance in ``directory`` whose observation was created in
     [since, until], in creation order."""
     out = []
-    for path in sorted(Path(directory).glob(f"*{STEPS_SUFFIX}*")):
-        for line in path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-                record = StepRecord(row["tenant"], row["session"], row["episode"], int(row["step"]),
-                                    tuple(float(x) for x in row["t"]))
-            except (ValueError, TypeError, KeyError):
-                continue
-            if len(record.t) == len(MARKS) and record.t[0] >= since_unix and (
-                    until_unix is None or record.t[0] <= until_unix):
-                out.append(record)
+    for row in read_rows(directory, STEPS_SUFFIX):
+        try:
+            record = StepRecord(row["tenant"], row["session"], row["episode"], int(row["step"]),
+                                tuple(float(x) for x in row["t"]))
+        except (ValueError, TypeError, KeyError):
+            continue
+        if len(record.t) == len(MARKS) and record.t[0] >= since_unix and (
+                until_unix is None or record.t[0] <= until_unix):
+            out.append(record)
     return sorted(out, key=lambda r: r.t[0])
 
 
