@@ -388,16 +388,13 @@ class InferenceRole:
         if version is None:
             raise SchemaError(f"tenant {tenant} has no published policy version yet")
         slot = await self._policy(tenant, version)
-        if marks is not None:
-            marks.append(time.time())
+        _mark(marks)
         feature = await self.batcher.submit(observation_request(obs, session.state_in_proprio),
                                             source=_source(tenant, obs.session_id))
-        if marks is not None:
-            marks.append(time.time())
+        _mark(marks)
         generator = action_generator(session.action_seed, _episode_seed(session, obs.episode_id), obs.step)
         out = await self.acts.act(slot.policy, feature.detach(), generator, session.deterministic)
-        if marks is not None:
-            marks.append(time.time())
+        _mark(marks)
         if isinstance(out, ActorOutput):
             action, log_prob, value = out.action[0], float(out.log_prob[0]), float(out.value[0])
         else:
@@ -438,6 +435,12 @@ class InferenceRole:
         slot.policy.eval()
         log.info("policy loaded", tenant=tenant, version=version)
         return slot
+
+
+def _mark(marks: list[float] | None) -> None:
+    """The step trace's next time (``consumers/step_trace.py``), when this step is traced."""
+    if marks is not None:
+        marks.append(time.time())
 
 
 def _source(tenant: str, session_id: str) -> str:
