@@ -112,6 +112,8 @@ METRICS = ("makespan_s", "device_time_s", "busy_train_s", "busy_inference_s", "b
            "busy_training_service_s", "busy_fraction_training_service", "steal_share")
 
 STEAL_SKEW = 0.03  # a gap in stolen shares between the modes that moves the saving by points
+# CPU seconds of one pass's fixed work, most over least within a mode: beyond this, the VM's speed moved
+WORK_SKEW = 0.10
 BATCHING = ("inference_target_batch", "inference_max_wait_ms", "train_forward_budget_ms",
             "train_max_wait_ms")  # the rules benchmarks/projection.py plays
 
@@ -498,6 +500,34 @@ def print_steal(console: Console, runs: list[dict[str, Any]], medians: dict[str,
                       "compare several runs, not one")
 
 
+def work_skew(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per mode: how much more CPU the costliest pass took than the cheapest (processes deployment;
+    None in-process). Every pass of a mode does the same work, so on a steady VM this is a few
+    percent (2-6% in four 3-repeat runs on 2026-12-07); in two runs of that morning it was 21% and
+    24% (56.7 -> 68.7 CPU s in one's isolated passes), and their savings read 46.2% and 32.3% where
+    steady runs of the same code read 33-39%."""
+    skew: dict[str, float | None] = {}
+    for mode in MODES:
+        totals = [sum(v for k, v in r.items() if k.startswith("cpu_")) for r in runs if r["mode"] == mode]
+        skew[mode] = max(totals) / min(totals) - 1 if totals and min(totals) > 0 else None
+    return skew
+
+
+def print_work(console: Console, runs: list[dict[str, Any]], skew: dict[str, float | None]) -> None:
+    """Per pass, in run order: the service's CPU seconds, and a warning when the same work cost
+    markedly more in one pass than another: the VM's speed moved within the run."""
+    if any(v is None for v in skew.values()):
+        return
+    console.print("CPU seconds of the whole service per pass (the same work in every pass of a mode): "
+                  + ", ".join(f"{r['mode']} {r['repeat'] + 1}: "
+                              f"{sum(v for k, v in r.items() if k.startswith('cpu_')):.1f}" for r in runs))
+    worst = max(skew, key=lambda mode: skew[mode])
+    if skew[worst] > WORK_SKEW:
+        console.print(f"[bold yellow]warning:[/] one {worst} pass took {skew[worst]:.0%} more CPU than "
+                      f"another for the same work: the VM's speed moved during this run, and the saving "
+                      "moves with it; compare several runs, and each mode's makespan per CPU second")
+
+
 def bit_identical(store, runs: list[dict[str, Any]]) -> list[bool]:
     """Per tenant (scenario position): its final parameters equal in every run, both modes."""
     reference = [store.load(t).state.model for t in runs[0]["tenants"]]
@@ -643,6 +673,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               "batching": {k: getattr(settings, k) for k in BATCHING}, **summarise(runs),
               "bit_identical": same, "cpu_medians": cpu_medians(runs),
               "runqueue_wait_medians": cpu_medians(runs, "rqwait_"), "step_stages": step_stages(runs),
+              "work_skew": work_skew(runs),
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
     print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "
                 f"backbone {settings.backbone}, scenario {args.scenario}, "
@@ -650,6 +681,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     print_cpu(console, result["cpu_medians"], settings.cpu_affinity, result["runqueue_wait_medians"])
     print_stages(console, result["step_stages"])
     print_steal(console, runs, result["medians"])
+    print_work(console, runs, result["work_skew"])
     print_verdicts(console, result, runs, settings.cpu_affinity if args.deployment == "processes" else None)
     write_run_dir(run_dir, result, runs, device.origin_unix, args)
     console.print(f"run directory: {run_dir} (multi_tenant.json, report.html: {write_report(run_dir).name})")

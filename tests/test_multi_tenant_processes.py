@@ -69,6 +69,8 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
     assert all(run["steal_s"] >= 0 for run in result["runs"]) and "CPU stolen by the VM's host" in done.stdout
     assert all(0 <= run["steal_share"] <= 1 for run in result["runs"])
     assert "stolen, share of the CPUs' time" in done.stdout
+    assert "CPU seconds of the whole service per pass" in done.stdout
+    assert all(skew >= 0 for skew in result["work_skew"].values())  # one pass a mode: 0
     # fixed work per tenant: the same optimizer steps in both modes
     assert len({run["optimizer_steps"] for run in result["runs"]}) == 1
     ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
@@ -140,3 +142,30 @@ def test_iterations_caps_every_rl_tenant_and_leaves_the_sft_tenant_alone(tmp_pat
     assert {s["rl"]["iterations"] for s in quick if s["kind"] == "rl"} == {8, 2}  # the cap bites
     pushed = bench_scenario("quick", tmp_path, maniskill=False, builtin_third=True, iterations=3)
     assert [s["rl"]["iterations"] for s in pushed if s["kind"] == "rl"] == [3, 3, 3]
+
+
+def test_a_run_whose_passes_cost_different_cpu_for_the_same_work_says_so() -> None:
+    from rich.console import Console
+
+    from benchmarks.multi_tenant import print_work, work_skew
+
+    def runs(isolated: list[float], shared: list[float]) -> list[dict]:
+        # split over two kinds, as /proc gives it: the total is what counts
+        return [{"mode": mode, "repeat": i, "cpu_device_s": x / 2, "cpu_env_s": x / 2}
+                for mode, totals in (("isolated", isolated), ("shared", shared))
+                for i, x in enumerate(totals)]
+
+    def printed(r: list[dict]) -> str:
+        console = Console(record=True, width=300)
+        print_work(console, r, work_skew(r))
+        return console.export_text()
+
+    # the service's CPU s per pass of two 2026-12-07 runs: 06:52 (the VM slowing) and 06:42 (steady)
+    moved = runs([56.7, 68.7, 65.7], [47.4, 45.5, 52.3])
+    assert work_skew(moved)["isolated"] == pytest.approx(68.7 / 56.7 - 1)
+    assert "one isolated pass took 21% more CPU" in printed(moved)
+    steady = printed(runs([57.0, 56.9, 58.5], [51.9, 52.6, 54.3]))
+    assert "isolated 1: 57.0" in steady and "warning" not in steady
+    assert work_skew([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == {
+        "isolated": None, "shared": None}  # in-process: no CPU per kind, nothing printed
+    assert printed([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == ""
