@@ -513,6 +513,17 @@ def work_skew(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     return skew
 
 
+def skew_warning(skew: dict[str, float | None]) -> str | None:
+    """What a run whose VM's speed moved between passes must say beside its saving, or None."""
+    known = {mode: v for mode, v in skew.items() if v is not None}
+    if not known or max(known.values()) <= WORK_SKEW:
+        return None
+    worst = max(known, key=lambda mode: known[mode])
+    return (f"one {worst} pass took {known[worst]:.0%} more CPU than another for the same work: the VM's "
+            "speed moved during this run, and the saving moves with it; compare several runs, and each "
+            "mode's makespan per CPU second")
+
+
 def print_work(console: Console, runs: list[dict[str, Any]], skew: dict[str, float | None]) -> None:
     """Per pass, in run order: the service's CPU seconds, and a warning when the same work cost
     markedly more in one pass than another: the VM's speed moved within the run."""
@@ -521,11 +532,8 @@ def print_work(console: Console, runs: list[dict[str, Any]], skew: dict[str, flo
     console.print("CPU seconds of the whole service per pass (the same work in every pass of a mode): "
                   + ", ".join(f"{r['mode']} {r['repeat'] + 1}: "
                               f"{sum(v for k, v in r.items() if k.startswith('cpu_')):.1f}" for r in runs))
-    worst = max(skew, key=lambda mode: skew[mode])
-    if skew[worst] > WORK_SKEW:
-        console.print(f"[bold yellow]warning:[/] one {worst} pass took {skew[worst]:.0%} more CPU than "
-                      f"another for the same work: the VM's speed moved during this run, and the saving "
-                      "moves with it; compare several runs, and each mode's makespan per CPU second")
+    if (warning := skew_warning(skew)) is not None:
+        console.print(f"[bold yellow]warning:[/] {warning}")
 
 
 def bit_identical(store, runs: list[dict[str, Any]]) -> list[bool]:
@@ -593,7 +601,8 @@ def write_run_dir(run_dir: Path, result: dict[str, Any], runs: list[dict[str, An
     (run_dir / "comparison.json").write_text(json.dumps({
         "format": COMPARISON_FORMAT, "modes": result["medians"],
         "note": f"medians of {args.repeats} alternating repeats after a warm-up "
-                f"(benchmarks/multi_tenant.py, scenario {args.scenario}, deployment {args.deployment})"},
+                f"(benchmarks/multi_tenant.py, scenario {args.scenario}, deployment {args.deployment})"
+                + (f"; warning: {warning}" if (warning := skew_warning(result["work_skew"])) else "")},
         indent=2))
     jobs = {s.tenant: {"job_id": s.job_id, "phase": s.phase, "history": s.history}
             for s in last_shared["_states"]}

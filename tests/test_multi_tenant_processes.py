@@ -147,7 +147,7 @@ def test_iterations_caps_every_rl_tenant_and_leaves_the_sft_tenant_alone(tmp_pat
 def test_a_run_whose_passes_cost_different_cpu_for_the_same_work_says_so() -> None:
     from rich.console import Console
 
-    from benchmarks.multi_tenant import print_work, work_skew
+    from benchmarks.multi_tenant import print_work, skew_warning, work_skew
 
     def runs(isolated: list[float], shared: list[float]) -> list[dict]:
         # split over two kinds, as /proc gives it: the total is what counts
@@ -164,8 +164,11 @@ def test_a_run_whose_passes_cost_different_cpu_for_the_same_work_says_so() -> No
     moved = runs([56.7, 68.7, 65.7], [47.4, 45.5, 52.3])
     assert work_skew(moved)["isolated"] == pytest.approx(68.7 / 56.7 - 1)
     assert "one isolated pass took 21% more CPU" in printed(moved)
+    # the same words go into comparison.json's note, under the report's busy bars
+    assert "one isolated pass took 21% more CPU" in skew_warning(work_skew(moved))
     steady = printed(runs([57.0, 56.9, 58.5], [51.9, 52.6, 54.3]))
     assert "isolated 1: 57.0" in steady and "warning" not in steady
+    assert skew_warning(work_skew(runs([57.0, 56.9, 58.5], [51.9, 52.6, 54.3]))) is None
     assert work_skew([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == {
         "isolated": None, "shared": None}  # in-process: no CPU per kind, nothing printed
     assert printed([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == ""

@@ -11,6 +11,7 @@ are rasterised inside the SVG to keep the page small.
 from __future__ import annotations
 
 import io
+import textwrap
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -143,6 +144,9 @@ def group_histogram(forwards: Sequence[ForwardRecord]) -> str:
     return _svg(fig)
 
 
+NOTE_CHARS = 170  # a line of the busy bars' note at fontsize 8 across their 12.5-inch figure
+
+
 def busy_bars(modes: dict[str, dict[str, float]], note: str) -> str:
     """Left: busy fraction of the device per queue (and of the training service, backbone training
     forwards + optimizer steps, where the benchmark measured it); right: device time (held) and
@@ -177,5 +181,7 @@ def busy_bars(modes: dict[str, dict[str, float]], note: str) -> str:
             ax.legend(fontsize=8)
         else:
             _empty(ax, "no device numbers in this run")
-    fig.text(0.5, -0.04, note, ha="center", fontsize=8, color="0.3")
+    # wrapped: a benchmark's note may carry a warning about the run (multi_tenant.skew_warning)
+    fig.text(0.5, -0.02, "\n".join(textwrap.wrap(note, NOTE_CHARS)), ha="center", va="top", fontsize=8,
+             color="0.3")
     return _svg(fig)
