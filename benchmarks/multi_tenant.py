@@ -500,6 +500,11 @@ def print_steal(console: Console, runs: list[dict[str, Any]], medians: dict[str,
                       "compare several runs, not one")
 
 
+def pass_cpu(run: dict[str, Any]) -> float:
+    """The CPU seconds every process kind spent in one pass (0 in-process: no kinds)."""
+    return sum(v for k, v in run.items() if k.startswith("cpu_"))
+
+
 def work_skew(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     """Per mode: how much more CPU the costliest pass took than the cheapest (processes deployment;
     None in-process). Every pass of a mode does the same work, so on a steady VM this is a few
@@ -508,7 +513,7 @@ def work_skew(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     steady runs of the same code read 33-39%."""
     skew: dict[str, float | None] = {}
     for mode in MODES:
-        totals = [sum(v for k, v in r.items() if k.startswith("cpu_")) for r in runs if r["mode"] == mode]
+        totals = [pass_cpu(r) for r in runs if r["mode"] == mode]
         skew[mode] = max(totals) / min(totals) - 1 if totals and min(totals) > 0 else None
     return skew
 
@@ -530,8 +535,7 @@ def print_work(console: Console, runs: list[dict[str, Any]], skew: dict[str, flo
     if any(v is None for v in skew.values()):
         return
     console.print("CPU seconds of the whole service per pass (the same work in every pass of a mode): "
-                  + ", ".join(f"{r['mode']} {r['repeat'] + 1}: "
-                              f"{sum(v for k, v in r.items() if k.startswith('cpu_')):.1f}" for r in runs))
+                  + ", ".join(f"{r['mode']} {r['repeat'] + 1}: {pass_cpu(r):.1f}" for r in runs))
     if (warning := skew_warning(skew)) is not None:
         console.print(f"[bold yellow]warning:[/] {warning}")
 

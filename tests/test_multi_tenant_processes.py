@@ -166,9 +166,9 @@ def test_a_run_whose_passes_cost_different_cpu_for_the_same_work_says_so() -> No
     assert "one isolated pass took 21% more CPU" in printed(moved)
     # the same words go into comparison.json's note, under the report's busy bars
     assert "one isolated pass took 21% more CPU" in skew_warning(work_skew(moved))
-    steady = printed(runs([57.0, 56.9, 58.5], [51.9, 52.6, 54.3]))
-    assert "isolated 1: 57.0" in steady and "warning" not in steady
-    assert skew_warning(work_skew(runs([57.0, 56.9, 58.5], [51.9, 52.6, 54.3]))) is None
+    steady = runs([57.0, 56.9, 58.5], [51.9, 52.6, 54.3])
+    assert "isolated 1: 57.0" in printed(steady) and "warning" not in printed(steady)
+    assert skew_warning(work_skew(steady)) is None
     assert work_skew([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == {
         "isolated": None, "shared": None}  # in-process: no CPU per kind, nothing printed
     assert printed([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == ""
