@@ -71,6 +71,8 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
     assert "stolen, share of the CPUs' time" in done.stdout
     assert "CPU seconds of the whole service per pass" in done.stdout
     assert all(skew >= 0 for skew in result["work_skew"].values())  # one pass a mode: 0
+    assert "cores the service kept busy" in done.stdout
+    assert all(cores > 0 for cores in result["cores_busy"].values())
     # fixed work per tenant: the same optimizer steps in both modes
     assert len({run["optimizer_steps"] for run in result["runs"]}) == 1
     ratio = result["medians"]["shared"]["device_time_s"] / result["medians"]["isolated"]["device_time_s"]
@@ -147,11 +149,13 @@ def test_iterations_caps_every_rl_tenant_and_leaves_the_sft_tenant_alone(tmp_pat
 def test_a_run_whose_passes_cost_different_cpu_for_the_same_work_says_so() -> None:
     from rich.console import Console
 
-    from benchmarks.multi_tenant import print_work, skew_warning, work_skew
+    from benchmarks.multi_tenant import cores_busy, print_work, skew_warning, work_skew
 
     def runs(isolated: list[float], shared: list[float]) -> list[dict]:
-        # split over two kinds, as /proc gives it: the total is what counts
-        return [{"mode": mode, "repeat": i, "cpu_device_s": x / 2, "cpu_env_s": x / 2}
+        # split over two kinds, as /proc gives it: the total is what counts; the makespans are
+        # those of 1.1 cores busy isolated and 1.5 shared
+        return [{"mode": mode, "repeat": i, "cpu_device_s": x / 2, "cpu_env_s": x / 2,
+                 "makespan_s": x / (1.1 if mode == "isolated" else 1.5)}
                 for mode, totals in (("isolated", isolated), ("shared", shared))
                 for i, x in enumerate(totals)]
 
@@ -168,7 +172,13 @@ def test_a_run_whose_passes_cost_different_cpu_for_the_same_work_says_so() -> No
     assert "one isolated pass took 21% more CPU" in skew_warning(work_skew(moved))
     steady = runs([57.0, 56.9, 58.5], [51.9, 52.6, 54.3])
     assert "isolated 1: 57.0" in printed(steady) and "warning" not in printed(steady)
+    assert "isolated 1.10, shared 1.50 (1.36x)" in printed(steady)
+    assert cores_busy(steady) == pytest.approx({"isolated": 1.1, "shared": 1.5})
+    # CPU ratio x cores ratio is the saving: 1 - (52.6 / 57.0) x (1.1 / 1.5)
+    assert "shared / isolated: 0.92" in printed(steady)
     assert skew_warning(work_skew(steady)) is None
-    assert work_skew([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == {
+    in_process = [{"mode": "isolated", "repeat": 0, "makespan_s": 9.0},
+                  {"mode": "shared", "repeat": 0, "makespan_s": 6.0}]
+    assert work_skew(in_process) == cores_busy(in_process) == {
         "isolated": None, "shared": None}  # in-process: no CPU per kind, nothing printed
-    assert printed([{"mode": "isolated", "repeat": 0}, {"mode": "shared", "repeat": 0}]) == ""
+    assert printed(in_process) == ""
