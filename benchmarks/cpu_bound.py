@@ -9,10 +9,11 @@ processes deployment carries the CPU seconds of each process kind (``cpu_<kind>_
 
     makespan = slope * CPU + intercept
 
-The slope is the wall seconds a CPU second of the service's work costs; the intercept, the
-seconds of a pass that no CPU work explains (waits: timers, round trips with idle cores, one
-tenant's latency at a time). A pass that keeps the machine's cores busy has an intercept near 0
-and a slope near 1 / (cores busy on average).
+CPU is every process kind's, the broker's and the benchmark client's (``pass_cpu``). The slope is
+the wall seconds a CPU second of the service's work costs; the intercept, the seconds of a pass
+that no CPU work explains (waits: timers, round trips with idle cores, one tenant's latency at a
+time). A pass bound by the CPU has an intercept near 0 and a slope near 1 / (cores busy on
+average).
 
 From the two lines and the median ratio r of a run's shared to isolated CPU (the same work costs
 less CPU shared: fuller batches, fewer idle polls), the saving as a function of an isolated
@@ -20,10 +21,11 @@ pass's CPU C:
 
     saving(C) = 1 - (slope_s * r * C + intercept_s) / (slope_i * C + intercept_i)
 
-and the C at which it reaches ``--target``: the CPU a pass would have to come down to, on any
-VM speed, for the target to hold on this machine. Each file's own saving is printed beside the
-lines' saving for its median CPU in each mode, so a reader sees how well the lines describe the
-runs.
+and where it reaches ``--target`` (at most, or at least, some C; or always, or never): with the
+day's lines, the CPU a pass would have to come down to, on any VM speed, for the target to hold
+on this machine. Each file's own saving is printed beside the lines' saving for its median CPU in
+each mode, so a reader sees how well the lines describe the runs. Files holding the same passes
+(one run under its two paths) count once.
 
 This is a description of measured runs (a fit), not a model of the service and not a
 projection to other hardware: ``benchmarks/projection.py`` is the projection.
@@ -36,7 +38,7 @@ import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from rich.console import Console
@@ -44,7 +46,7 @@ from rich.table import Table
 
 from benchmarks.multi_tenant import MODES, pass_cpu
 
-__all__ = ["Line", "fit", "saving", "cpu_for", "main"]
+__all__ = ["Line", "Reach", "cpu_for", "fit", "main", "saving"]
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,20 @@ class Line:
 
     slope: float
     intercept: float
-    residual_sd: float
+    residual_sd: float  # with n - 2 degrees of freedom: two parameters were fitted
     passes: int
 
     def at(self, cpu: float) -> float:
         return self.slope * cpu + self.intercept
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Where the lines' saving is at least the target, as an isolated pass's CPU: ``at most`` or
+    ``at least`` ``cpu`` CPU seconds, ``always`` or ``never`` (``cpu`` None)."""
+
+    where: Literal["at most", "at least", "always", "never"]
+    cpu: float | None = None
 
 
 def passes_of(doc: dict[str, Any]) -> list[tuple[str, float, float]]:
@@ -66,13 +77,13 @@ def passes_of(doc: dict[str, Any]) -> list[tuple[str, float, float]]:
 
 
 def fit(points: list[tuple[float, float]]) -> Line:
-    """Least squares through (CPU, makespan) points; at least two distinct CPU figures."""
-    if len({round(c, 6) for c, _ in points}) < 2:
-        raise ValueError("a line needs passes with at least two different CPU totals")
+    """Least squares through (CPU, makespan) points; at least three, with two distinct CPU figures."""
+    if len(points) < 3 or len({round(c, 6) for c, _ in points}) < 2:
+        raise ValueError("a line needs at least three passes with two different CPU totals")
     cpu, makespan = np.array(points, dtype=float).T
     (slope, intercept), *_ = np.linalg.lstsq(np.stack([cpu, np.ones_like(cpu)], axis=1), makespan, rcond=None)
     residuals = makespan - (slope * cpu + intercept)
-    return Line(float(slope), float(intercept), float(residuals.std()), len(points))
+    return Line(float(slope), float(intercept), float(residuals.std(ddof=2)), len(points))
 
 
 def saving(isolated: Line, shared: Line, ratio: float, cpu: float) -> float:
@@ -80,28 +91,38 @@ def saving(isolated: Line, shared: Line, ratio: float, cpu: float) -> float:
     return 1 - shared.at(ratio * cpu) / isolated.at(cpu)
 
 
-def cpu_for(isolated: Line, shared: Line, ratio: float, target: float) -> float | None:
-    """The isolated pass's CPU at which ``saving`` equals ``target``; None when the lines never
-    get there (the saving falls, or stays under the target, as CPU falls)."""
+def cpu_for(isolated: Line, shared: Line, ratio: float, target: float) -> Reach:
+    """Where ``saving`` >= ``target``, for isolated passes whose makespan is positive:
+    (1 - target) (a_i C + b_i) >= a_s r C + b_s, i.e. k C >= m with the k and m below."""
     keep = 1 - target
-    denominator = keep * isolated.slope - shared.slope * ratio
-    if denominator >= 0:  # shared grows as fast as (1 - target) x isolated: no crossing below
-        return None
-    cpu = (keep * isolated.intercept - shared.intercept) / -denominator
-    return cpu if cpu > 0 else None
+    k = keep * isolated.slope - shared.slope * ratio
+    m = shared.intercept - keep * isolated.intercept
+    if k == 0:
+        return Reach("always" if m <= 0 else "never")
+    crossing = m / k
+    if k < 0:  # the saving grows as CPU falls: met up to the crossing
+        return Reach("at most", crossing) if crossing > 0 else Reach("never")
+    return Reach("at least", crossing) if crossing > 0 else Reach("always")
 
 
 def summarize(docs: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
-    points = {mode: [] for mode in MODES}
-    per_file = {}
+    """Raises ValueError when the files hold too few passes with CPU for the lines."""
+    points: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    per_file, seen = {}, set()
     for name, doc in docs.items():
         passes = passes_of(doc)
+        if tuple(passes) in seen:  # one run under two paths (RUN_DIR and --json) counts once
+            continue
+        seen.add(tuple(passes))
         for mode, cpu, makespan in passes:
             points[mode].append((cpu, makespan))
         cpu = {m: [c for mm, c, _ in passes if mm == m] for m in MODES}
         if all(cpu.values()):
             per_file[name] = {"cpu": {m: statistics.median(cs) for m, cs in cpu.items()},
                               "measured_saving": doc.get("device_time_saving")}
+    if not per_file:
+        raise ValueError("no file holds passes of both modes with their processes' CPU "
+                         "(multi_tenant.py --deployment processes writes them)")
     lines = {mode: fit(points[mode]) for mode in MODES}
     ratio = statistics.median(f["cpu"]["shared"] / f["cpu"]["isolated"] for f in per_file.values())
     for f in per_file.values():  # the file's own CPU in both modes: how well the lines describe it
@@ -113,7 +134,7 @@ def summarize(docs: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
         "cpu_ratio_shared_to_isolated": ratio,
         "files": per_file,
         "target": target,
-        "isolated_cpu_for_target": cpu_for(lines["isolated"], lines["shared"], ratio, target),
+        "reach": asdict(cpu_for(lines["isolated"], lines["shared"], ratio, target)),
         "least_isolated_cpu": least,
         "saving_at_least_cpu": saving(lines["isolated"], lines["shared"], ratio, least),
     }
@@ -135,16 +156,24 @@ def show(console: Console, result: dict[str, Any]) -> None:
         files.add_row(name, f"{f['cpu']['isolated']:.1f}", f"{f['cpu']['shared']:.1f}",
                       "-" if measured is None else f"{measured:.1%}", f"{f['fitted_saving']:.1%}")
     console.print(files)
-    target, cpu = result["target"], result["isolated_cpu_for_target"]
-    ratio = result["cpu_ratio_shared_to_isolated"]
+    ratio, least = result["cpu_ratio_shared_to_isolated"], result["least_isolated_cpu"]
     console.print(f"shared CPU / isolated CPU (median over files): {ratio:.3f}")
-    console.print(f"least isolated pass measured: {result['least_isolated_cpu']:.1f} CPU s, "
+    console.print(f"least isolated pass measured: {least:.1f} CPU s, "
                   f"where the lines give {result['saving_at_least_cpu']:.1%}")
-    if cpu is None:
-        console.print(f"the lines never reach a {target:.0%} saving")
-    else:
-        console.print(f"a {target:.0%} saving by the lines: an isolated pass of at most {cpu:.1f} CPU s "
-                      f"({1 - cpu / result['least_isolated_cpu']:.0%} less than the least measured)")
+    console.print(f"a {result['target']:.0%} saving by the lines: {reach_words(result['reach'], least)}")
+
+
+def reach_words(reach: dict[str, Any], least: float) -> str:
+    where, cpu = reach["where"], reach["cpu"]
+    if where == "always":
+        return "at any CPU"
+    if where == "never":
+        return "at no CPU"
+    if where == "at least":
+        return f"an isolated pass of at least {cpu:.1f} CPU s (the lines' saving grows with CPU)"
+    if cpu >= least:
+        return f"an isolated pass of at most {cpu:.1f} CPU s: already met at the least measured"
+    return f"an isolated pass of at most {cpu:.1f} CPU s ({1 - cpu / least:.0%} less than the least measured)"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -154,7 +183,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args(argv)
     docs = {str(path): json.loads(path.read_text()) for path in args.runs}
-    result = summarize(docs, args.target)
+    try:
+        result = summarize(docs, args.target)
+    except ValueError as exc:
+        parser.error(str(exc))
     show(Console(), result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

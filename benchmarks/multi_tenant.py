@@ -521,11 +521,12 @@ def work_skew(runs: list[dict[str, Any]]) -> dict[str, float | None]:
 def cores_busy(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     """Per mode, the median over its passes of the service's CPU seconds over the makespan: how many
     cores it kept busy on average (None in-process). A pass's makespan is its CPU over this, so
-    the saving is 1 - (shared CPU / isolated CPU) x (isolated cores / shared cores): sharing saves
-    by keeping more cores busy and by needing less CPU for the same work. Unlike the makespan this
-    hardly moves with the VM's speed: of this VM's two cores a shared pass kept 1.51-1.57 busy in
-    the fourteen 2026-12-07 runs at B = 8 (1.40-1.44 at B = 16 and 24), an isolated one 1.05-1.17
-    (each tenant alone waits on one core while its step is on the other)."""
+    for one pass of each mode saving = 1 - (shared / isolated CPU) / (shared / isolated cores)
+    (with medians, about that): sharing saves by keeping more cores busy and by needing less CPU
+    for the same work. Unlike the makespan this hardly moves with the VM's speed: of this VM's two
+    cores the median shared pass kept 1.50-1.57 busy in each of the fourteen 2026-12-07 runs at
+    B = 8 (1.40-1.44 at B = 16 and 24), the median isolated one 1.05-1.17 (each tenant alone waits
+    on one core while its step is on the other)."""
     busy: dict[str, float | None] = {}
     for mode in MODES:
         ratios = [pass_cpu(r) / r["makespan_s"] for r in runs if r["mode"] == mode and pass_cpu(r) > 0]
@@ -545,8 +546,9 @@ def skew_warning(skew: dict[str, float | None]) -> str | None:
 
 
 def print_work(console: Console, runs: list[dict[str, Any]], skew: dict[str, float | None]) -> None:
-    """Per pass, in run order: the service's CPU seconds, and a warning when the same work cost
-    markedly more in one pass than another: the VM's speed moved within the run."""
+    """Per pass, in run order: the service's CPU seconds; per mode, the cores it kept busy and its
+    CPU ratio (``cores_busy``); and a warning when the same work cost markedly more in one pass
+    than another: the VM's speed moved within the run."""
     if any(v is None for v in skew.values()):
         return
     console.print("CPU seconds of the whole service per pass (the same work in every pass of a mode): "
@@ -554,9 +556,9 @@ def print_work(console: Console, runs: list[dict[str, Any]], skew: dict[str, flo
     busy = cores_busy(runs)
     cpu = {mode: statistics.median(pass_cpu(r) for r in runs if r["mode"] == mode) for mode in MODES}
     console.print("cores the service kept busy on average (its CPU seconds / makespan, medians): "
-                  f"isolated {busy['isolated']:.2f}, shared {busy['shared']:.2f} "
+                  f"isolated {busy['isolated']:.3f}, shared {busy['shared']:.3f} "
                   f"({busy['shared'] / busy['isolated']:.2f}x); its CPU for the same work, shared / "
-                  f"isolated: {cpu['shared'] / cpu['isolated']:.2f}")
+                  f"isolated: {cpu['shared'] / cpu['isolated']:.3f}")
     if (warning := skew_warning(skew)) is not None:
         console.print(f"[bold yellow]warning:[/] {warning}")
 
