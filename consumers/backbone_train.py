@@ -9,7 +9,9 @@ goes first), and puts each job's rows back together as that tenant's
 FeatureBatch: features plus the targets its loss needs, passed through. Rows
 whose features are in the process's feature cache (forwarded for an earlier
 job, or by inference when it acted on that observation) are not forwarded
-again: a cached row holds the bits a forward would compute.
+again: a cached row holds the bits a forward would compute. Partitions none of whose jobs
+needs a forward commit before the poll's forward runs, so such a job never waits for another
+tenant's.
 
 A PPO iteration comes as ONE job: its rows once (images by reference above
 ``tensor_inline_max_bytes``) and every epoch's minibatches as row indices; it
@@ -83,6 +85,11 @@ class _Job:
     prepared: list[Prepared | None]
     features: list[VLAFeature | None]
 
+    @property
+    def cached(self) -> bool:
+        """Every row's feature came from the cache: the job needs no forward."""
+        return all(f is not None for f in self.features)
+
 
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, role: BackboneTrainRole):
@@ -149,14 +156,22 @@ class BackboneTrainRole:
                 await self._poll(batches)
 
     async def _poll(self, batches: dict[TopicPartition, list[ConsumerRecord]]) -> None:
-        """Decode every partition's jobs, run the forwards for all of them at once, then commit
-        each partition in its own transaction."""
+        """Decode every partition's jobs; commit first the partitions none of whose jobs needs a
+        forward, then run the forwards for the others' jobs at once and commit those, each
+        partition in its own transaction. A sync RL tenant's iteration, every row cached when
+        inference acted, would otherwise wait for the forward of an SFT tenant's jobs polled with
+        it, on the training queue that yields to inference, while its simulators idle; features
+        do not depend on that order (a cached row holds the bits a forward would compute)."""
         decoded = {tp: [await self._decode(r) for r in records] for tp, records in batches.items()}
-        jobs = [job for items in decoded.values() for job in items if isinstance(job, _Job)]
-        usage = await self._forward(jobs) if jobs else {}
-        tenants = len({job.event.tenant_id for job in jobs})
-        for tp, records in batches.items():
-            await self._commit_partition(tp, records, decoded[tp], usage, tenants)
+        tenants = len({job.event.tenant_id for items in decoded.values() for job in items
+                       if isinstance(job, _Job)})
+        cached = {tp for tp, items in decoded.items()
+                  if all(not isinstance(job, _Job) or job.cached for job in items)}
+        for part in ([tp for tp in batches if tp in cached], [tp for tp in batches if tp not in cached]):
+            jobs = [job for tp in part for job in decoded[tp] if isinstance(job, _Job)]
+            usage = await self._forward(jobs) if jobs else {}
+            for tp in part:
+                await self._commit_partition(tp, batches[tp], decoded[tp], usage, tenants)
 
     async def _commit_partition(self, tp: TopicPartition, records: list[ConsumerRecord],
                                 items: list[_Job | Exception], usage: dict[str, float], tenants: int) -> None:

@@ -4,6 +4,7 @@ by reference when large; a schedule naming rows the job lacks is dead-lettered, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -147,3 +148,40 @@ async def test_a_schedule_naming_rows_the_job_lacks_is_dead_lettered(service: Se
     reason = dict(dead[0].headers)["dlq.error.message"].decode()
     assert "minibatch 1" in reason and "[0, 21)" in reason, reason
     assert await _batches(service, tenant) == []  # nothing trained on half a job
+
+
+async def test_a_job_whose_rows_are_all_cached_does_not_wait_for_another_tenants_forward(
+        service: Service, unique: str) -> None:
+    """An RL iteration whose rows inference already forwarded is published while the device is
+    held, though an SFT-like job that needs a forward came in the same poll; that job follows when
+    the device frees up, and the cached job's features are the bytes a forward gives."""
+    settings = service.settings
+    rl, sft = f"rl-{unique}", f"sft-{unique}"
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        for tenant in (rl, sft):
+            await admin.ensure_tenant(tenant)
+    first = _iteration(rl)
+    again = first.model_copy(update={"batch_id": f"{first.batch_id}-again", "sequence": SEQUENCE_STRIDE})
+    async with EventProducer(settings, Codec()) as producer:
+        await producer.send(tenant_topic(settings, rl, "gradient-jobs"), first, key=rl)
+    role = BackboneTrainRole(service)
+    async with running(role):  # forwards the rl tenant's rows once: the feature cache has them now
+        forwarded = await _features(service, rl, 9)
+    async with EventProducer(settings, Codec()) as producer:  # both waiting before the next poll
+        await producer.send(tenant_topic(settings, rl, "gradient-jobs"), again, key=rl)
+        await producer.send(tenant_topic(settings, sft, "gradient-jobs"), _iteration(sft), key=sft)
+    role = BackboneTrainRole(service)
+    async with contextlib.AsyncExitStack() as device:
+        await device.enter_async_context(service.gate.use("inference", rows=1))  # no forward can start
+        async with running(role):
+            try:
+                cached = (await _features(service, rl, 18))[9:]
+                assert await _batches(service, sft) == []  # its forward waits for the device
+                assert {b.group_size for b in cached} == {2}  # polled together with the sft job
+            finally:
+                await device.aclose()  # the device is free: the sft job's forward runs
+            assert len(await _features(service, sft, 9)) == 9
+    assert role.hits == 21  # the second rl iteration's rows; the sft tenant's are its own (scope)
+    for c, f in zip(cached, forwarded, strict=True):
+        assert _bytes(service, c.features) == _bytes(service, f.features), c.batch_id
