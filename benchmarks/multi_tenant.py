@@ -646,6 +646,46 @@ def write_run_dir(run_dir: Path, result: dict[str, Any], runs: list[dict[str, An
          "forwards": ForwardLog().to_json(r["_forwards"], origin_unix=origin_unix)} for r in runs]))
 
 
+async def run_passes(device, client, turns: TenantTurns, optimizer: OptimizerSeconds, warm: list[dict],
+                     base: list[dict], args: argparse.Namespace, tag: str, console: Console,
+                     steps_dir: Path | None) -> list[dict[str, Any]]:
+    """The warm-up (not counted), then ``args.repeats`` rounds of both modes, alternating which
+    goes first; each pass is printed as it ends, so a run cut short still shows its passes."""
+    order = [("isolated", "shared") if r % 2 == 0 else ("shared", "isolated") for r in range(args.repeats)]
+    runs: list[dict[str, Any]] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
+        bar = progress.add_task("warm-up (not counted)", total=1 + 2 * args.repeats)
+        await run_mode(device, client, turns, warm, "shared", f"w{tag}", optimizer)
+        progress.advance(bar)
+        for r, modes in enumerate(order):
+            for mode in modes:
+                progress.update(bar, description=f"repeat {r + 1}/{args.repeats}: {mode}")
+                run = await run_mode(device, client, turns, base, mode, f"{mode[0]}{r}{tag}", optimizer,
+                                     steps_dir)
+                run["repeat"], run["order"] = r, "-".join(modes)
+                runs.append(run)
+                progress.console.print(
+                    f"repeat {r + 1} {mode}: makespan {run['makespan_s']:.1f} s, inference busy "
+                    f"{run['busy_inference_s']:.1f} s in {run['forwards_inference']:.0f} forwards, "
+                    f"optimizer {run['busy_optimizer_s']:.1f} s")
+                progress.advance(bar)
+    return runs
+
+
+def print_result(console: Console, result: dict[str, Any], runs: list[dict[str, Any]], settings: Settings,
+                 args: argparse.Namespace) -> None:
+    """Every table and verdict of the run, in the order a reader wants them."""
+    print_table(console, result, f"multi-tenant vs isolated: {result['tenants']} tenants, "
+                f"backbone {settings.backbone}, scenario {args.scenario}, "
+                f"{args.repeats} repeats (alternating order), warm-up first")
+    print_cpu(console, result["cpu_medians"], settings.cpu_affinity, result["runqueue_wait_medians"])
+    print_stages(console, result["step_stages"])
+    print_steal(console, runs, result["medians"])
+    print_work(console, runs, result["work_skew"])
+    print_verdicts(console, result, runs, settings.cpu_affinity if args.deployment == "processes" else None)
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     from infra.broker import LocalBroker
     from infra.runtime.report import write_report
@@ -669,36 +709,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = args.run_dir or settings.run_dir / f"multi-tenant-{tag}"
     run_dir.mkdir(parents=True, exist_ok=True)
     base = bench_scenario(args.scenario, dataset, not args.no_maniskill, args.builtin_third, args.iterations)
-    order = [("isolated", "shared") if r % 2 == 0 else ("shared", "isolated") for r in range(args.repeats)]
     async with TopicAdmin(settings) as admin:
         await admin.ensure_shared()
-    runs: list[dict[str, Any]] = []
     deployment = (processes(settings, console, args.env_workers) if args.deployment == "processes"
                   else in_process(settings))
     async with deployment as (device, store):
         async with Client(settings, requested_by="benchmark") as client, \
                 OptimizerSeconds(settings) as optimizer, TenantTurns(settings) as turns:
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=console) as progress:
-                bar = progress.add_task("warm-up (not counted)", total=1 + 2 * args.repeats)
-                warm = base if args.warm_up == "scenario" else bench_scenario(
-                    "smoke", dataset, not args.no_maniskill, args.builtin_third)
-                steps_dir = settings.timeline_dir if args.step_trace else None
-                await run_mode(device, client, turns, warm, "shared", f"w{tag}", optimizer)
-                progress.advance(bar)
-                for r, modes in enumerate(order):
-                    for mode in modes:
-                        progress.update(bar, description=f"repeat {r + 1}/{args.repeats}: {mode}")
-                        label = f"{mode[0]}{r}{tag}"
-                        run = await run_mode(device, client, turns, base, mode, label, optimizer, steps_dir)
-                        run["repeat"], run["order"] = r, "-".join(modes)
-                        runs.append(run)
-                        # each pass as it ends: a run cut short by a time limit still shows its passes
-                        progress.console.print(
-                            f"repeat {r + 1} {mode}: makespan {run['makespan_s']:.1f} s, inference busy "
-                            f"{run['busy_inference_s']:.1f} s in {run['forwards_inference']:.0f} forwards, "
-                            f"optimizer {run['busy_optimizer_s']:.1f} s")
-                        progress.advance(bar)
+            warm = base if args.warm_up == "scenario" else bench_scenario(
+                "smoke", dataset, not args.no_maniskill, args.builtin_third)
+            runs = await run_passes(device, client, turns, optimizer, warm, base, args, tag, console,
+                                    settings.timeline_dir if args.step_trace else None)
         same = bit_identical(store, runs)
     result = {"scenario": args.scenario, "iterations": args.iterations, "tenants": len(base),
               "backbone": settings.backbone,
@@ -711,14 +732,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
               "runqueue_wait_medians": cpu_medians(runs, "rqwait_"), "step_stages": step_stages(runs),
               "work_skew": work_skew(runs), "cores_busy": cores_busy(runs),
               "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs]}
-    print_table(console, result, f"multi-tenant vs isolated: {len(base)} tenants, "
-                f"backbone {settings.backbone}, scenario {args.scenario}, "
-                f"{args.repeats} repeats (alternating order), warm-up first")
-    print_cpu(console, result["cpu_medians"], settings.cpu_affinity, result["runqueue_wait_medians"])
-    print_stages(console, result["step_stages"])
-    print_steal(console, runs, result["medians"])
-    print_work(console, runs, result["work_skew"])
-    print_verdicts(console, result, runs, settings.cpu_affinity if args.deployment == "processes" else None)
+    print_result(console, result, runs, settings, args)
     write_run_dir(run_dir, result, runs, device.origin_unix, args)
     console.print(f"run directory: {run_dir} (multi_tenant.json, report.html: {write_report(run_dir).name})")
     return result
