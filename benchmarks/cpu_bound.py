@@ -44,7 +44,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.multi_tenant import MODES, pass_cpu
+from benchmarks.multi_tenant import MODES, median_cpu, pass_cpu
 
 __all__ = ["Line", "Reach", "cpu_for", "fit", "main", "saving"]
 
@@ -116,10 +116,9 @@ def summarize(docs: dict[str, dict[str, Any]], target: float) -> dict[str, Any]:
         seen.add(tuple(passes))
         for mode, cpu, makespan in passes:
             points[mode].append((cpu, makespan))
-        cpu = {m: [c for mm, c, _ in passes if mm == m] for m in MODES}
-        if all(cpu.values()):
-            per_file[name] = {"cpu": {m: statistics.median(cs) for m, cs in cpu.items()},
-                              "measured_saving": doc.get("device_time_saving")}
+        medians = median_cpu(doc.get("runs", []))
+        if all(v is not None for v in medians.values()):
+            per_file[name] = {"cpu": medians, "measured_saving": doc.get("device_time_saving")}
     if not per_file:
         raise ValueError("no file holds passes of both modes with their processes' CPU "
                          "(multi_tenant.py --deployment processes writes them)")

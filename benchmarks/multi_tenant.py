@@ -505,6 +505,15 @@ def pass_cpu(run: dict[str, Any]) -> float:
     return sum(v for k, v in run.items() if k.startswith("cpu_"))
 
 
+def median_cpu(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per mode, the median of its passes' CPU seconds (``pass_cpu``; None without any: in-process)."""
+    medians: dict[str, float | None] = {}
+    for mode in MODES:
+        totals = [pass_cpu(r) for r in runs if r["mode"] == mode and pass_cpu(r) > 0]
+        medians[mode] = statistics.median(totals) if totals else None
+    return medians
+
+
 def work_skew(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     """Per mode: how much more CPU the costliest pass took than the cheapest (processes deployment;
     None in-process). Every pass of a mode does the same work, so on a steady VM this is a few
@@ -554,7 +563,7 @@ def print_work(console: Console, runs: list[dict[str, Any]], skew: dict[str, flo
     console.print("CPU seconds of the whole service per pass (the same work in every pass of a mode): "
                   + ", ".join(f"{r['mode']} {r['repeat'] + 1}: {pass_cpu(r):.1f}" for r in runs))
     busy = cores_busy(runs)
-    cpu = {mode: statistics.median(pass_cpu(r) for r in runs if r["mode"] == mode) for mode in MODES}
+    cpu = median_cpu(runs)
     console.print("cores the service kept busy on average (its CPU seconds / makespan, medians): "
                   f"isolated {busy['isolated']:.3f}, shared {busy['shared']:.3f} "
                   f"({busy['shared'] / busy['isolated']:.2f}x); its CPU for the same work, shared / "

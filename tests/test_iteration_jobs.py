@@ -39,6 +39,13 @@ async def service(settings: Settings, backbones, tmp_path) -> Service:
     await service.close()
 
 
+async def _provision(settings: Settings, *tenants: str) -> None:
+    async with TopicAdmin(settings) as admin:
+        await admin.ensure_shared()
+        for tenant in tenants:
+            await admin.ensure_tenant(tenant)
+
+
 def _episodes(tenant: str) -> list[Episode]:
     rng = np.random.default_rng(7)
     episodes = []
@@ -101,10 +108,7 @@ async def test_an_iteration_job_gives_the_feature_batches_of_one_job_per_minibat
         service: Service, unique: str) -> None:
     settings = service.settings
     whole, split = f"it-{unique}", f"mb-{unique}"
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_shared()
-        for tenant in (whole, split):
-            await admin.ensure_tenant(tenant)
+    await _provision(settings, whole, split)
     iteration = _iteration(whole)
     assert len(iteration.minibatches) == 9 and sorted(len(m) for m in iteration.minibatches)[:3] == [5, 5, 5]
     sent = iteration.model_copy(update={"images": service.tensors.offload(iteration.images)})
@@ -132,9 +136,7 @@ async def test_an_iteration_job_gives_the_feature_batches_of_one_job_per_minibat
 async def test_a_schedule_naming_rows_the_job_lacks_is_dead_lettered(service: Service, unique: str) -> None:
     settings = service.settings
     tenant = f"bad-{unique}"
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_shared()
-        await admin.ensure_tenant(tenant)
+    await _provision(settings, tenant)
     bad = _iteration(tenant).model_copy(update={"minibatches": ((0, 1), (2, 21))})  # row 21 of 21
     async with EventProducer(settings, Codec()) as producer:
         await producer.send(tenant_topic(settings, tenant, "gradient-jobs"), bad, key=tenant)
@@ -157,10 +159,7 @@ async def test_a_job_whose_rows_are_all_cached_does_not_wait_for_another_tenants
     the device frees up, and the cached job's features are the bytes a forward gives."""
     settings = service.settings
     rl, sft = f"rl-{unique}", f"sft-{unique}"
-    async with TopicAdmin(settings) as admin:
-        await admin.ensure_shared()
-        for tenant in (rl, sft):
-            await admin.ensure_tenant(tenant)
+    await _provision(settings, rl, sft)
     first = _iteration(rl)
     again = first.model_copy(update={"batch_id": f"{first.batch_id}-again", "sequence": SEQUENCE_STRIDE})
     async with EventProducer(settings, Codec()) as producer:
