@@ -52,16 +52,18 @@ def _install(out_dir: str) -> None:
     path = os.path.join(out_dir, f"{os.getpid()}.json")
 
     def dump() -> None:
+        snapshot = dict(counts)  # one C-level copy: the event loop's thread may add a key meanwhile
         with open(path + ".tmp", "w") as f:
-            json.dump({"argv": sys.argv, "counts": counts}, f)
+            json.dump({"argv": sys.argv, "counts": snapshot}, f)
         os.replace(path + ".tmp", path)
 
     def every() -> None:
         while True:
             time.sleep(DUMP_EVERY_S)
-            dump()
+            with contextlib.suppress(OSError):  # a full disk or a removed folder: try again later
+                dump()
 
-    atexit.register(dump)  # a role stopped with SIGTERM exits through atexit; SIGKILL keeps the last dump
+    atexit.register(dump)  # a normal exit writes the final counts; after a SIGKILL the last dump stands
     threading.Thread(target=every, name="request-count", daemon=True).start()
 
 
