@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     if settings.bootstrap_servers is None:  # no external broker named: use (and measure) the local one
         broker = LocalBroker(settings)
         broker.up()
-        broker_pid = int(broker.pid_file.read_text())
+        broker_pid = broker.pid()
     results = asyncio.run(measure(settings, args.rounds, args.sessions, args.repeats, broker_pid))
     print(report(results))
     out = {"rounds": args.rounds, "sessions": args.sessions, "repeats": results, "medians": medians(results)}

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.broker
 
 
 async def test_both_modes_run_and_read_every_observation_back(broker: LocalBroker) -> None:
-    pid = int(broker.pid_file.read_text())
+    pid = broker.pid()
+    assert pid is not None
     results = await measure(broker.settings, rounds=5, sessions=4, repeats=2, broker_pid=pid)
     assert set(results) == set(MODES)
     for rows in results.values():
