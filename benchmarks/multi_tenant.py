@@ -388,10 +388,12 @@ async def run_mode(device, client, turns: TenantTurns, base: list[dict], mode: s
                    optimizer: OptimizerSeconds, steps_dir: Path | None = None) -> dict[str, Any]:
     """One pass: shared, one turn of every tenant at once; isolated, one turn per tenant, one after
     another. Each turn's tenants exist only during it (``TenantTurns``); its measures are taken
-    between two snapshots inside it, and the mode's are their sums. ``steps_dir``: where the step
-    trace is (read for the turns' windows; None: not traced)."""
+    between two snapshots inside it, and the mode's are their sums; each turn's CPU seconds per
+    process kind are also kept (``turn_cpu``, in turn order: one entry a tenant when isolated, for
+    ``benchmarks/cores_model.py``). ``steps_dir``: where the step trace is (read for the turns'
+    windows; None: not traced)."""
     specs = [{**s, "tenant": f"{s['tenant']}-{label}", "job_id": "bench"} for s in base]
-    run: dict[str, Any] = {}
+    run: dict[str, Any] = {"turn_cpu": []}
     states, spans, forwards, steps, makespan = [], [], [], [], 0.0
     for group in [specs] if mode == "shared" else [[s] for s in specs]:
         async with turns.turn(s["tenant"] for s in group):
@@ -402,6 +404,7 @@ async def run_mode(device, client, turns: TenantTurns, base: list[dict], mode: s
             after = await device.snapshot()
         for k in after.keys() - {"clock_s"}:
             run[k] = run.get(k, 0.0) + after[k] - before[k]
+        run["turn_cpu"].append({k: after[k] - before[k] for k in after if k.startswith("cpu_")})
         states += done
         spans += done_spans
         forwards += [f for f in device.timeline_since(before["clock_s"]) if f.start_s <= after["clock_s"]]
