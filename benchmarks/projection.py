@@ -3,6 +3,7 @@ discrete-event model of the device fed with a measured ``benchmarks/multi_tenant
 
     python -m benchmarks.projection RUN_DIR [--gpu-table group_batching_gpu-2b.json]
                                     [--assume-ms FIXED PER_ROW] [--host-slots 1] [--json PATH]
+                                    [--gpu-cpus device=0,optimizer=1,rest=2-15] [--gpu-forward-share 1]
 
 Input: ``RUN_DIR/traces.json`` (multi_tenant.py writes it): every counted run's
 forwards (queue, start, end, tenant per row) and each job's (submitted,
@@ -52,6 +53,17 @@ the other core); "host unlimited" lets every tenant's host work run in parallel 
 with roles as processes on enough cores). Both are printed, for the CPU check
 and for the projection. Optimizer steps are host time here (on a GPU machine
 they would also use the device, outside the gate): not modelled.
+
+The cores model (``benchmarks/cores_model.py``) replaces slots with CPU: when the
+run's ``multi_tenant.json`` recorded each isolated turn's CPU per process kind
+(``--deployment processes`` since 2026-12-07), each tenant's host work becomes
+CPU asked of the core groups of the run's CPU plan, shared fairly when tenants
+run at once. It prints two more rows: its CPU check (forward times fitted
+through the isolated forwards only: their stretching when shared is the model's
+part) and the projection onto a GPU machine's plan (``--gpu-cpus``, gpu.sh's
+plan on 16 CPUs by default; ``--gpu-forward-share``: how much of its core a GPU
+forward's host thread keeps busy, 1 for the host-bound forwards measured on the
+H200).
 """
 
 from __future__ import annotations
@@ -285,8 +297,12 @@ def _figures(device_time: float, busy: dict[str, float]) -> dict[str, float]:
 def project(traces: list[dict[str, Any]], duration: Duration, policy: Policy,
             host_slots: int | None = None) -> dict[str, Any]:
     """Median over the isolated runs of the model's isolated and shared figures, and the ratios."""
-    results = [(isolated(chains_of(r), duration), shared(chains_of(r), duration, policy, host_slots))
-               for r in traces if r["mode"] == "isolated"]
+    return medians([(isolated(chains_of(r), duration), shared(chains_of(r), duration, policy, host_slots))
+                    for r in traces if r["mode"] == "isolated"])
+
+
+def medians(results: list[tuple[dict[str, float], dict[str, float]]]) -> dict[str, Any]:
+    """The medians of (isolated, shared) figures over passes, their ratios and the saving."""
     iso = {k: statistics.median(r[0][k] for r in results) for k in results[0][0]}
     sha = {k: statistics.median(r[1][k] for r in results) for k in results[0][1]}
     ratios = {k: sha[k] / iso[k] if iso[k] else None for k in iso}
@@ -310,6 +326,27 @@ def policy_of(run_dir: Path) -> tuple[Policy, str]:
     return Policy.of_settings(Settings().model_dump()), "today's settings: the run recorded none"
 
 
+def _cores(args: argparse.Namespace, traces: list[dict[str, Any]], policy: Policy,
+           gpu_duration: Duration) -> dict[str, Any]:
+    """The cores model (``benchmarks/cores_model.py``) on the run's CPU plan, its miss, and on the
+    GPU machine's plan; a reason instead when the run recorded no per-turn CPU."""
+    from benchmarks import cores_model
+    from infra.runtime.supervisor import parse_cpus
+
+    recorded = args.run_dir / "multi_tenant.json"
+    run = json.loads(recorded.read_text()) if recorded.exists() else {}
+    if run.get("deployment") != "processes" or not all(r.get("turn_cpu") for r in run.get("runs", [])):
+        return {"cores_skipped": "it needs a --deployment processes run that recorded each turn's CPU"}
+    alone = cpu_duration([t for t in traces if t["mode"] == "isolated"])  # contention is the model's part
+    cpu = cores_model.project_cores(traces, run["runs"], alone, policy, run["cpu_affinity"])
+    truth = measured(traces)
+    miss = {mode: cpu[mode]["device_time_s"] / truth[f"{mode}_device_time_s"] - 1
+            for mode in ("shared", "isolated")}
+    gpu = cores_model.project_cores(traces, run["runs"], gpu_duration, policy,
+                                    parse_cpus(args.gpu_cpus, here=False), args.gpu_forward_share)
+    return {"model_cpu_cores": cpu, "model_cpu_cores_miss": miss, "projection_gpu_cores": gpu}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", type=Path)
@@ -318,6 +355,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--assume-ms", type=float, nargs=2, default=(12.0, 2.5), metavar=("FIXED", "PER_ROW"))
     parser.add_argument("--host-slots", type=int, default=1,
                         help="host gaps that run at once in the limited-host variants (1: one interpreter)")
+    parser.add_argument("--gpu-cpus", default="device=0,optimizer=1,rest=2-15",
+                        help="the GPU machine's CPU plan for the cores model (gpu.sh's on 16 CPUs)")
+    parser.add_argument("--gpu-forward-share", type=float, default=1.0,
+                        help="of its core a GPU forward's host thread keeps busy (1: host-bound)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     traces = json.loads((args.run_dir / "traces.json").read_text())
@@ -335,12 +376,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gpu_duration = assumed_duration(*args.assume_ms)
     gpu = project(traces, gpu_duration, policy, None)
     gpu_one = project(traces, gpu_duration, policy, slots)
+    cores = _cores(args, traces, policy, gpu_duration)
     miss = {"shared": cpu["shared"]["device_time_s"] / truth["shared_device_time_s"] - 1,
             "isolated": cpu["isolated"]["device_time_s"] / truth["isolated_device_time_s"] - 1,
             "shared_unlimited_host": cpu_free["shared"]["device_time_s"] / truth["shared_device_time_s"] - 1}
     result = {"measured": truth, "model_cpu": cpu, "model_cpu_unlimited_host": cpu_free,
               "model_cpu_miss": miss, "projection_gpu": gpu, "projection_gpu_limited_host": gpu_one,
-              "host_slots": slots, "gpu_source": gpu_source,
+              "host_slots": slots, "gpu_source": gpu_source, **cores,
               "policy": {**policy.__dict__, "source": policy_source}}
     print("PROJECTION, not a measurement: a discrete-event model of one device fed with the measured "
           f"traces of {args.run_dir}\n")
@@ -349,10 +391,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("|---|---:|---:|---:|---:|---:|")
     print(f"| measured (CPU) | {truth['isolated_device_time_s']:.1f} | {truth['shared_device_time_s']:.1f} "
           f"| {1 - truth['shared_device_time_s'] / truth['isolated_device_time_s']:.1%} | - | - |")
-    for name, r in ((f"model, CPU forward times, {slots} host slot(s)", cpu),
-                    ("model, CPU forward times, host unlimited", cpu_free),
-                    ("PROJECTION, GPU forward times, host unlimited", gpu),
-                    (f"PROJECTION, GPU forward times, {slots} host slot(s)", gpu_one)):
+    rows = [(f"model, CPU forward times, {slots} host slot(s)", cpu),
+            ("model, CPU forward times, host unlimited", cpu_free),
+            ("PROJECTION, GPU forward times, host unlimited", gpu),
+            (f"PROJECTION, GPU forward times, {slots} host slot(s)", gpu_one)]
+    if "model_cpu_cores" in cores:
+        rows += [("model, CPU forward times (isolated fit), the run's cores", cores["model_cpu_cores"]),
+                 (f"PROJECTION, GPU forward times, cores {args.gpu_cpus}", cores["projection_gpu_cores"])]
+    for name, r in rows:
         cells = []
         for q in ("train", "inference"):
             i, s = r["isolated"][f"busy_fraction_{q}"], r["shared"][f"busy_fraction_{q}"]
@@ -362,6 +408,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"\nmodel vs measurement with CPU forward times: shared makespan off by {miss['shared']:+.1%} "
           f"with {slots} host slot(s) ({miss['shared_unlimited_host']:+.1%} with unlimited host), "
           f"isolated by {miss['isolated']:+.1%}")
+    if "model_cpu_cores" in cores:
+        print(f"cores model vs measurement: shared off by {cores['model_cpu_cores_miss']['shared']:+.1%}, "
+              f"isolated by {cores['model_cpu_cores_miss']['isolated']:+.1%} (host work as CPU on the run's "
+              f"cores {cores['model_cpu_cores']['cores']}; GPU forwards keep {args.gpu_forward_share:g} of "
+              "their host core busy)")
+    else:
+        print(f"cores model: not played ({cores['cores_skipped']})")
     print(f"GPU forward times: {gpu_source}")
     print(f"rules played ({policy_source}): T {policy.max_wait_s * 1e3:g} ms, B {policy.target_rows}, "
           f"completeness window {policy.active_window_s:g} s, training first after "

@@ -140,3 +140,31 @@ def test_main_prints_the_projection_label_and_the_cpu_miss(tmp_path, capsys) -> 
     assert result["model_cpu_miss"]["shared"] == pytest.approx(6.05 / 4.4 - 1)
     assert result["model_cpu_miss"]["shared_unlimited_host"] == pytest.approx(4.0 / 4.4 - 1)
     assert json.loads((tmp_path / "p.json").read_text())["gpu_source"].startswith("ASSUMED")
+
+
+def test_main_plays_the_cores_model_when_the_run_recorded_each_turns_cpu(tmp_path, capsys) -> None:
+    iso = _trace("isolated", ["a", "b"], [[0.0, 4.0], [4.0, 8.0]], [
+        ["inference", 1.0, 1.5, ["a"]], ["inference", 2.0, 2.5, ["a"]],
+        ["inference", 5.0, 5.5, ["b"]], ["inference", 6.0, 6.5, ["b"]]])
+    sha = _trace("shared", ["a", "b"], [[0.0, 4.4], [0.0, 4.4]], [])
+    (tmp_path / "traces.json").write_text(json.dumps([iso, sha]))
+    pj.main([str(tmp_path)])
+    assert "cores model: not played" in capsys.readouterr().out  # no multi_tenant.json
+    # each tenant alone: its forwards (1 s) all of its device host's CPU; 3 CPU s of simulators and
+    # broker over its 4 s turn: 0.75 of core 1 in its gaps and beside its forwards
+    turn = {"cpu_device_s": 1.0, "cpu_env_s": 2.5, "cpu_broker_s": 0.5}
+    (tmp_path / "multi_tenant.json").write_text(json.dumps({
+        "deployment": "processes", "cpu_affinity": {"device": [0], "rest": [1]},
+        "runs": [{"mode": "isolated", "repeat": 0, "turn_cpu": [turn, turn]},
+                 {"mode": "shared", "repeat": 0, "turn_cpu": [turn]}]}))
+    result = pj.main([str(tmp_path)])
+    assert "cores model vs measurement" in capsys.readouterr().out
+    # together both gaps ask 1.5 of core 1 and run at 2/3 pace: ready at 1.5, one forward 1.5-2.0,
+    # ready again at 2.75, forward 2.75-3.25, tails of 1.5 s take 2.25: 5.5 s; alone as measured, 8 s
+    cores = result["model_cpu_cores"]
+    assert cores["shared"]["device_time_s"] == pytest.approx(5.5)
+    assert cores["isolated"]["device_time_s"] == pytest.approx(8.0)
+    assert result["model_cpu_cores_miss"]["shared"] == pytest.approx(5.5 / 4.4 - 1)
+    # with 14 cores for the rest (the GPU plan) nothing contends: the host-unlimited replay
+    assert result["projection_gpu_cores"]["shared"]["device_time_s"] == pytest.approx(
+        result["projection_gpu"]["shared"]["device_time_s"])

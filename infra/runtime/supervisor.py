@@ -117,8 +117,9 @@ def _cpu_list(text: str) -> list[int]:
     return cpus
 
 
-def parse_cpus(text: str) -> dict[str, list[int]]:
-    """``device=0,rest=1-3`` -> {"device": [0], "rest": [1, 2, 3]} (``settings.cpu_affinity``)."""
+def parse_cpus(text: str, here: bool = True) -> dict[str, list[int]]:
+    """``device=0,rest=1-3`` -> {"device": [0], "rest": [1, 2, 3]} (``settings.cpu_affinity``).
+    ``here=False``: a plan for another machine (a model's), not checked against this one's CPUs."""
     affinity: dict[str, list[int]] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         kind, _, cpus = part.partition("=")
@@ -127,11 +128,11 @@ def parse_cpus(text: str) -> dict[str, list[int]]:
         except ValueError:
             raise JoynexusError(f"bad --cpus entry {part!r}: want KIND=CPUS, CPUS like 1, 1-3 or 0+2"
                                 ) from None
-    _check_affinity(affinity)
+    _check_affinity(affinity, here)
     return affinity
 
 
-def _check_affinity(affinity: dict[str, list[int]]) -> None:
+def _check_affinity(affinity: dict[str, list[int]], here: bool = True) -> None:
     """Refuses a plan that names an unknown kind or a CPU this machine does not have (a child
     would otherwise fail at start and be restarted in a loop)."""
     # also here, not only in Settings: settings.model_copy(update=...) skips its validators
@@ -141,7 +142,7 @@ def _check_affinity(affinity: dict[str, list[int]]) -> None:
                             f"{', '.join(SUPERVISED_KINDS)}, or {REST} for the others")
     cpus = os.cpu_count() or 1
     missing = sorted({c for ids in affinity.values() for c in ids if c >= cpus})
-    if missing:
+    if missing and here:
         raise JoynexusError(f"cpu affinity names CPU(s) {missing}; this machine has 0-{cpus - 1}")
 
 
