@@ -127,6 +127,14 @@ def _projection_md(proj: dict[str, Any] | None) -> list[str]:
     for q in ("train", "inference"):
         i, s = gpu["isolated"][f"busy_fraction_{q}"], gpu["shared"][f"busy_fraction_{q}"]
         lines.append(f"| busy fraction {q} | {i:.1%} | {s:.1%} | {s / i if i else float('nan'):.2f}x |")
+    if "projection_gpu_cores" in proj:
+        cores, off = proj["projection_gpu_cores"], proj["model_cpu_cores_miss"]
+        iso, sha = cores["isolated"]["device_time_s"], cores["shared"]["device_time_s"]
+        lines += ["", f"Cores model (host work as CPU on the plan's cores, {cores['cores']}; a forward "
+                  f"keeps {proj['gpu_forward_share']:.2f} of its host core busy, "
+                  f"{proj['gpu_forward_share_source']}): saving **{cores['device_time_saving']:.1%}** "
+                  f"({iso:.1f} -> {sha:.1f} s). With this run's own forward times it reproduces the shared "
+                  f"makespan within {off['shared']:+.1%}, the isolated within {off['isolated']:+.1%}."]
     return lines
 
 

@@ -3,7 +3,7 @@ discrete-event model of the device fed with a measured ``benchmarks/multi_tenant
 
     python -m benchmarks.projection RUN_DIR [--gpu-table group_batching_gpu-2b.json]
                                     [--assume-ms FIXED PER_ROW] [--host-slots 1] [--json PATH]
-                                    [--gpu-cpus device=0,optimizer=1,rest=2-15] [--gpu-forward-share 1]
+                                    [--gpu-cpus device=0,optimizer=1,rest=2-15] [--gpu-forward-share S]
 
 Input: ``RUN_DIR/traces.json`` (multi_tenant.py writes it): every counted run's
 forwards (queue, start, end, tenant per row) and each job's (submitted,
@@ -62,8 +62,9 @@ run at once. It prints two more rows: its CPU check (forward times fitted
 through the isolated forwards only: their stretching when shared is the model's
 part) and the projection onto a GPU machine's plan (``--gpu-cpus``, gpu.sh's
 plan on 16 CPUs by default; ``--gpu-forward-share``: how much of its core a GPU
-forward's host thread keeps busy, 1 for the host-bound forwards measured on the
-H200).
+forward's host thread keeps busy; by default the GPU table's measured share
+(``grouped_host_s``), else 1, an ASSUMPTION: host-bound, as the H200's forward
+times of 2026-12-04 suggest, 66 ms for one row and 73 ms for eight).
 """
 
 from __future__ import annotations
@@ -151,6 +152,14 @@ def cpu_duration(runs: list[dict[str, Any]]) -> Duration:
         else:
             fits[queue] = (statistics.median(ys) if ys else 0.0, 0.0)
     return lambda queue, rows: fits[queue][0] + fits[queue][1] * rows
+
+
+def host_share(path: Path) -> float | None:
+    """How much of a grouped GPU forward its host thread was busy: the median over a
+    ``group_batching.py`` table's rows (None: a table from before it recorded ``grouped_host_s``)."""
+    shares = [r["grouped_host_s"] / r["grouped_s"] for r in json.loads(Path(path).read_text())
+              if "grouped_host_s" in r and r["grouped_s"] > 0]
+    return min(1.0, statistics.median(shares)) if shares else None
 
 
 def table_duration(path: Path) -> Duration:
@@ -342,9 +351,15 @@ def _cores(args: argparse.Namespace, traces: list[dict[str, Any]], policy: Polic
     truth = measured(traces)
     miss = {mode: cpu[mode]["device_time_s"] / truth[f"{mode}_device_time_s"] - 1
             for mode in ("shared", "isolated")}
+    share, source = args.gpu_forward_share, "given"
+    if share is None:
+        measured_share = host_share(args.gpu_table) if args.gpu_table else None
+        share, source = ((measured_share, f"measured in {args.gpu_table.name}") if measured_share is not None
+                         else (1.0, "ASSUMED: host-bound, no measured share in a GPU table"))
     gpu = cores_model.project_cores(traces, run["runs"], gpu_duration, policy,
-                                    parse_cpus(args.gpu_cpus, here=False), args.gpu_forward_share)
-    return {"model_cpu_cores": cpu, "model_cpu_cores_miss": miss, "projection_gpu_cores": gpu}
+                                    parse_cpus(args.gpu_cpus, here=False), share)
+    return {"model_cpu_cores": cpu, "model_cpu_cores_miss": miss, "projection_gpu_cores": gpu,
+            "gpu_forward_share": share, "gpu_forward_share_source": source}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -357,8 +372,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="host gaps that run at once in the limited-host variants (1: one interpreter)")
     parser.add_argument("--gpu-cpus", default="device=0,optimizer=1,rest=2-15",
                         help="the GPU machine's CPU plan for the cores model (gpu.sh's on 16 CPUs)")
-    parser.add_argument("--gpu-forward-share", type=float, default=1.0,
-                        help="of its core a GPU forward's host thread keeps busy (1: host-bound)")
+    parser.add_argument("--gpu-forward-share", type=float, default=None,
+                        help="of its core a GPU forward's host thread keeps busy (default: the GPU "
+                             "table's measured share, else 1: host-bound)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     traces = json.loads((args.run_dir / "traces.json").read_text())
@@ -409,10 +425,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"with {slots} host slot(s) ({miss['shared_unlimited_host']:+.1%} with unlimited host), "
           f"isolated by {miss['isolated']:+.1%}")
     if "model_cpu_cores" in cores:
-        print(f"cores model vs measurement: shared off by {cores['model_cpu_cores_miss']['shared']:+.1%}, "
-              f"isolated by {cores['model_cpu_cores_miss']['isolated']:+.1%} (host work as CPU on the run's "
-              f"cores {cores['model_cpu_cores']['cores']}; GPU forwards keep {args.gpu_forward_share:g} of "
-              "their host core busy)")
+        off = cores["model_cpu_cores_miss"]
+        print(f"cores model vs measurement: shared off by {off['shared']:+.1%}, isolated by "
+              f"{off['isolated']:+.1%} (host work as CPU on the run's cores "
+              f"{cores['model_cpu_cores']['cores']}); "
+              f"GPU forwards keep {cores['gpu_forward_share']:.2f} of their host core busy "
+              f"({cores['gpu_forward_share_source']})")
     else:
         print(f"cores model: not played ({cores['cores_skipped']})")
     print(f"GPU forward times: {gpu_source}")

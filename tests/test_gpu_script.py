@@ -40,6 +40,7 @@ def test_dry_run_produces_every_section(settings, tmp_path: Path) -> None:
     for r in rows:
         assert r["device"] == "cpu" and r["grouped_s"] > 0 and r["separate_s"] > 0
         assert r["speedup"] == pytest.approx(r["separate_s"] / r["grouped_s"])
+        assert 0 < r["grouped_host_s"] <= r["grouped_s"] * 1.05  # a CPU forward is all host work
     memory = results["tenant_memory"]
     assert {r["preset"] for r in memory} == {"tiny"} and len(memory) == 7
     mt = results["multi_tenant"]
@@ -57,6 +58,9 @@ def test_dry_run_produces_every_section(settings, tmp_path: Path) -> None:
     proj = results["projection"]
     assert proj["gpu_source"].startswith("measured GPU forward times from group_batching_tiny.json")
     assert proj["measured"]["shared_device_time_s"] == pytest.approx(mt["medians"]["shared"]["makespan_s"])
+    # the processes deployment recorded each turn's CPU, so the cores model played too
+    assert proj["gpu_forward_share_source"] == "measured in group_batching_tiny.json"
+    assert proj["projection_gpu_cores"]["shared"]["device_time_s"] > 0 and "Cores model" in md
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -168,3 +168,13 @@ def test_main_plays_the_cores_model_when_the_run_recorded_each_turns_cpu(tmp_pat
     # with 14 cores for the rest (the GPU plan) nothing contends: the host-unlimited replay
     assert result["projection_gpu_cores"]["shared"]["device_time_s"] == pytest.approx(
         result["projection_gpu"]["shared"]["device_time_s"])
+
+
+def test_the_host_share_of_gpu_forwards_comes_from_the_table(tmp_path) -> None:
+    table = tmp_path / "gb.json"
+    rows = [{"tenants": 1, "local_batch": b, "grouped_s": 0.1, "grouped_host_s": h}
+            for b, h in ((1, 0.09), (2, 0.05), (4, 0.03))]
+    table.write_text(json.dumps(rows))
+    assert pj.host_share(table) == pytest.approx(0.5)  # the median of 0.9, 0.5, 0.3
+    table.write_text(json.dumps([{k: v for k, v in r.items() if k != "grouped_host_s"} for r in rows]))
+    assert pj.host_share(table) is None  # a table from before it was recorded
