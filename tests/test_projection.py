@@ -120,12 +120,17 @@ def test_duration_models(tmp_path) -> None:
     assert gpu("train", 3) == pytest.approx(0.04) and gpu("train", 8) == pytest.approx(0.09)  # extrapolated
 
 
-def test_main_prints_the_projection_label_and_the_cpu_miss(tmp_path, capsys) -> None:
+def _write_two_tenants(run_dir) -> None:
+    """Alone each 4 s: gap 1, forward 0.5, gap 0.5, forward 0.5, tail 1.5; measured together 4.4 s."""
     iso = _trace("isolated", ["a", "b"], [[0.0, 4.0], [4.0, 8.0]], [
         ["inference", 1.0, 1.5, ["a"]], ["inference", 2.0, 2.5, ["a"]],
         ["inference", 5.0, 5.5, ["b"]], ["inference", 6.0, 6.5, ["b"]]])
     sha = _trace("shared", ["a", "b"], [[0.0, 4.4], [0.0, 4.4]], [])
-    (tmp_path / "traces.json").write_text(json.dumps([iso, sha]))
+    (run_dir / "traces.json").write_text(json.dumps([iso, sha]))
+
+
+def test_main_prints_the_projection_label_and_the_cpu_miss(tmp_path, capsys) -> None:
+    _write_two_tenants(tmp_path)
     result = pj.main([str(tmp_path), "--json", str(tmp_path / "p.json")])
     out = capsys.readouterr().out
     assert "PROJECTION, not a measurement" in out and "ASSUMED GPU forward times" in out
@@ -143,11 +148,7 @@ def test_main_prints_the_projection_label_and_the_cpu_miss(tmp_path, capsys) -> 
 
 
 def test_main_plays_the_cores_model_when_the_run_recorded_each_turns_cpu(tmp_path, capsys) -> None:
-    iso = _trace("isolated", ["a", "b"], [[0.0, 4.0], [4.0, 8.0]], [
-        ["inference", 1.0, 1.5, ["a"]], ["inference", 2.0, 2.5, ["a"]],
-        ["inference", 5.0, 5.5, ["b"]], ["inference", 6.0, 6.5, ["b"]]])
-    sha = _trace("shared", ["a", "b"], [[0.0, 4.4], [0.0, 4.4]], [])
-    (tmp_path / "traces.json").write_text(json.dumps([iso, sha]))
+    _write_two_tenants(tmp_path)
     pj.main([str(tmp_path)])
     assert "cores model: not played" in capsys.readouterr().out  # no multi_tenant.json
     # each tenant alone: its forwards (1 s) all of its device host's CPU; 3 CPU s of simulators and
