@@ -17,11 +17,12 @@ at the pace of the most overloaded group it uses, a forward at the pace of its c
 for the device asks for nothing. Rates change only at events (a gap, a forward or a batcher deadline
 ending), so the replay steps from event to event exactly. The device rules are ``projection.shared``'s.
 
-Alone, a tenant never overloads a group its own turn did not, so the isolated replay is the measured
-chain; what the model adds is how the tenants' host work contends when shared. It leaves out the
-processes' idle CPU (counted once per tenant here, paid once per second when shared), the CPU a
-shared pass saves per step (fewer, fuller forwards, fetches and produce requests), and GIL and
-scheduler effects inside one process. A model, not a measurement.
+Alone, a tenant asks no group for more than its cores (its own turn's CPU could not exceed them),
+so the isolated replay is the measured chain; what the model adds is how the tenants' host work
+contends when shared. It leaves out the processes' idle CPU (counted once per tenant here, paid
+once per second when shared), the CPU a shared pass saves per step (fewer, fuller forwards,
+fetches and produce requests), and GIL and scheduler effects inside one process. A model, not a
+measurement.
 """
 
 from __future__ import annotations
