@@ -40,7 +40,7 @@ id made of the input partition and offsets (a re-run cannot count twice).
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -115,6 +115,7 @@ class BackboneTrainRole:
         self.producers = PartitionProducers(settings, self.codec, GROUP, f"{GROUP}-{instance}")
         self.groups = 0
         self.rows = 0
+        self.rows_by_tenant: Counter[str] = Counter()  # forwarded: a tenant's rows the cache did not hold
         self.rows_requested = 0
         self.hits = 0  # this role's: inference shares the cache
         self.jobs = 0
@@ -274,6 +275,7 @@ class BackboneTrainRole:
                 usage[rows[todo[r]][0].event.tenant_id] += forward.busy_s / len(forward.rows)
         self.groups += len(forwards)
         self.rows += len(todo)
+        self.rows_by_tenant.update(rows[r][0].event.tenant_id for r in todo)
         self.rows_requested += requested
         self.jobs += len(jobs)
         return usage

@@ -162,11 +162,12 @@ async def test_rl_checkpoints_are_bit_identical_with_inference_features_shared_o
             spec = stack.rl_spec(tenant, f"job-reuse-{unique}", seed=3, env={"max_episode_steps": 12}, rl=rl)
             await stack.run(spec)
             states[name] = [stack.store.load(tenant, v).state for v in stack.store.versions(tenant)]
-            rows[name] = (train.rows, train.rows_requested)
-    # Without a cache, only the epochs that share a poll share a forward. Requested rows are not
-    # compared: the backbone-train group is shared by the suite's modules, and in the full suite the
-    # first stack also re-ran gradient jobs earlier tests left uncommitted (2,976 vs 216 requested).
-    assert 0 < rows["off"][0] <= rows["off"][1] and rows["shared"][1] > 0, rows
+            rows[name] = (train.rows_by_tenant[tenant], train.rows, train.rows_requested)
+    # Without a cache, only the epochs that share a poll share a forward. Only this tenant's rows are
+    # compared: the backbone-train group is shared by the suite's modules, and in the full suite either
+    # stack may also re-run gradient jobs earlier tests left uncommitted (2,976 vs 216 requested once;
+    # on a slow VM the second stack forwarded 92 such rows of other tenants).
+    assert 0 < rows["off"][0] <= rows["off"][1] <= rows["off"][2] and rows["shared"][2] > 0, rows
     assert rows["shared"][0] == 0, f"training forwarded rows inference had computed: {rows}"
     assert len(states["off"]) == len(states["shared"]) == 3
     for version, (a, b) in enumerate(zip(states["off"], states["shared"], strict=True), start=1):
