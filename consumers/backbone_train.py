@@ -114,7 +114,6 @@ class BackboneTrainRole:
         )
         self.producers = PartitionProducers(settings, self.codec, GROUP, f"{GROUP}-{instance}")
         self.groups = 0
-        self.rows = 0
         self.rows_by_tenant: Counter[str] = Counter()  # forwarded: a tenant's rows the cache did not hold
         self.rows_requested = 0
         self.hits = 0  # this role's: inference shares the cache
@@ -134,6 +133,11 @@ class BackboneTrainRole:
                                  "rows_forwarded": self.rows, "rows_requested": self.rows_requested,
                                  "cache_hits": self.hits, "commits": self.committed,
                                  "aborts": self.aborted})
+
+    @property
+    def rows(self) -> int:
+        """Rows forwarded, every tenant's."""
+        return sum(self.rows_by_tenant.values())
 
     @property
     def mean_group_rows(self) -> float:
@@ -274,7 +278,6 @@ class BackboneTrainRole:
             for r in forward.rows:
                 usage[rows[todo[r]][0].event.tenant_id] += forward.busy_s / len(forward.rows)
         self.groups += len(forwards)
-        self.rows += len(todo)
         self.rows_by_tenant.update(rows[r][0].event.tenant_id for r in todo)
         self.rows_requested += requested
         self.jobs += len(jobs)
