@@ -32,10 +32,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from benchmarks.projection import Chain, Duration, Policy, _figures, _train_chunk_rows, chains_of, medians
+from infra.runtime.affinity import REST, cpus_for
 
 __all__ = ["Cores", "Load", "groups_of", "loads_of", "project_cores", "replay", "replay_isolated"]
 
-REST = "rest"
 EPS = 1e-12
 
 
@@ -62,8 +62,8 @@ def groups_of(plan: dict[str, list[int]]) -> tuple[dict[str, str], Cores]:
     not name (the broker, the benchmark's client) is in ``rest``'s group."""
     by_cpus: dict[tuple[int, ...], str] = {}
     kind_group: dict[str, str] = {}
-    for kind, cpus in plan.items():
-        key = tuple(sorted(set(cpus)))
+    for kind in plan:
+        key = tuple(cpus_for(plan, kind) or ())
         by_cpus.setdefault(key, "cpus " + ",".join(map(str, key)))
         kind_group[kind] = by_cpus[key]
     overlapping = [(a, b) for a in by_cpus for b in by_cpus if a < b and set(a) & set(b)]
@@ -191,7 +191,7 @@ class _Replay:
     def run(self) -> dict[str, float]:
         while True:
             self._end_gaps()
-            if self._batcher_free() and _deadline(self.tenants, self.t, self.policy) <= self.t + EPS:
+            if self._batcher_free() and self._flush_at() <= self.t + EPS:
                 self.group = self._take(self._asking(), self.policy.max_rows)
                 for tenant in self.group:
                     tenant.state = "grouped"
@@ -204,6 +204,20 @@ class _Replay:
     def _asking(self) -> list[_Tenant]:
         return sorted((tn for tn in self.tenants if tn.state == "ready" and tn.queue == "inference"),
                       key=lambda tn: tn.ready_at)
+
+    def _flush_at(self) -> float:
+        """When the batcher flushes what is asking now: at B rows, when the oldest waited T, or when
+        every tenant answered in the last ``active_window_s`` has asked again (inf: nothing asks)."""
+        asking = self._asking()
+        if not asking:
+            return math.inf
+        if sum(tn.rows for tn in asking) >= self.policy.target_rows:
+            return self.t
+        complete = self.t
+        for tenant in self.tenants:
+            if tenant.answered is not None and tenant not in asking:
+                complete = max(complete, tenant.answered + self.policy.active_window_s)
+        return min(asking[0].ready_at + self.policy.max_wait_s, complete)
 
     def _batcher_free(self) -> bool:
         return self.group is None and (self.device is None or self.device.queue != "inference")
@@ -250,7 +264,7 @@ class _Replay:
         if self.device is not None:
             step = min(step, self.device.left_s / forward_pace)
         if self._batcher_free():
-            step = min(step, _deadline(self.tenants, self.t, self.policy) - self.t)
+            step = min(step, self._flush_at() - self.t)
         if not math.isfinite(step):
             raise RuntimeError("the replay is stuck: no gap, forward or batcher deadline ahead")
         step = max(step, 0.0)
@@ -286,18 +300,3 @@ def _paces(tenants: list[_Tenant], forwarding: bool, cores: Cores) -> tuple[dict
     gaps = {id(tn): min((pace[g] for g, r in tn.load.gap.items() if r > EPS), default=1.0)
             for tn in tenants if tn.state == "gap"}
     return gaps, pace[cores.device] if cores.forward_share > 0 else 1.0
-
-
-def _deadline(tenants: list[_Tenant], t: float, policy: Policy) -> float:
-    """When the batcher flushes what is asking now: at B rows, when the oldest waited T, or when every
-    tenant answered in the last ``active_window_s`` has asked again (inf: nothing asks)."""
-    asking = [tn for tn in tenants if tn.state == "ready" and tn.queue == "inference"]
-    if not asking:
-        return math.inf
-    if sum(tn.rows for tn in asking) >= policy.target_rows:
-        return t
-    complete = t
-    for tenant in tenants:
-        if tenant.answered is not None and tenant not in asking:
-            complete = max(complete, tenant.answered + policy.active_window_s)
-    return min(min(tn.ready_at for tn in asking) + policy.max_wait_s, complete)

@@ -335,7 +335,7 @@ def policy_of(run_dir: Path) -> tuple[Policy, str]:
     return Policy.of_settings(Settings().model_dump()), "today's settings: the run recorded none"
 
 
-def _cores(args: argparse.Namespace, traces: list[dict[str, Any]], policy: Policy,
+def _cores(args: argparse.Namespace, traces: list[dict[str, Any]], truth: dict[str, float], policy: Policy,
            gpu_duration: Duration) -> dict[str, Any]:
     """The cores model (``benchmarks/cores_model.py``) on the run's CPU plan, its miss, and on the
     GPU machine's plan; a reason instead when the run recorded no per-turn CPU."""
@@ -348,7 +348,6 @@ def _cores(args: argparse.Namespace, traces: list[dict[str, Any]], policy: Polic
         return {"cores_skipped": "it needs a --deployment processes run that recorded each turn's CPU"}
     alone = cpu_duration([t for t in traces if t["mode"] == "isolated"])  # contention is the model's part
     cpu = cores_model.project_cores(traces, run["runs"], alone, policy, run["cpu_affinity"])
-    truth = measured(traces)
     miss = {mode: cpu[mode]["device_time_s"] / truth[f"{mode}_device_time_s"] - 1
             for mode in ("shared", "isolated")}
     share, source = args.gpu_forward_share, "given"
@@ -392,7 +391,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gpu_duration = assumed_duration(*args.assume_ms)
     gpu = project(traces, gpu_duration, policy, None)
     gpu_one = project(traces, gpu_duration, policy, slots)
-    cores = _cores(args, traces, policy, gpu_duration)
+    cores = _cores(args, traces, truth, policy, gpu_duration)
     miss = {"shared": cpu["shared"]["device_time_s"] / truth["shared_device_time_s"] - 1,
             "isolated": cpu["isolated"]["device_time_s"] / truth["isolated_device_time_s"] - 1,
             "shared_unlimited_host": cpu_free["shared"]["device_time_s"] / truth["shared_device_time_s"] - 1}
