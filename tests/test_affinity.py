@@ -40,7 +40,6 @@ def _cpus_of_every_thread(pid: int) -> set[frozenset[int]]:
 
 
 @pytest.mark.broker
-@pytest.mark.timeout(300)
 async def test_a_child_pins_itself_and_keeps_its_cpus_after_a_restart(settings: Settings,
                                                                        tmp_path: Path) -> None:
     mine = sorted(os.sched_getaffinity(0))

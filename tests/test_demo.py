@@ -96,7 +96,6 @@ def _children_of(pid: int) -> list[int]:
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 async def test_ctrl_c_stops_the_demo_and_its_processes_and_says_where_it_was(settings: Settings,
                                                                               tmp_path: Path) -> None:
     home = tmp_path / "home"

@@ -84,7 +84,7 @@ def same_versions(store: PolicyStore, a: str, b: str) -> list[int]:
     return versions
 
 
-@pytest.mark.timeout(1500)
+@pytest.mark.timeout(1800)
 async def test_processes_heal_themselves_and_change_no_bit(settings: Settings, unique: str, tmp_path) -> None:
     home = tmp_path / "home"  # fresh: every process builds/loads the preset and creates topics at once
     # every feature tensor by reference: the shared tensor store is part of the bit-equality below

@@ -14,7 +14,7 @@ IMAGE_BYTES = 32 * 32 * 3  # the built-in Reach's camera at the demo's image siz
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 async def test_an_iteration_is_requested_once_and_its_images_go_by_reference(settings, tmp_path,
                                                                             monkeypatch) -> None:
     monkeypatch.setenv("JOYNEXUS_BOOTSTRAP_SERVERS", settings.bootstrap)

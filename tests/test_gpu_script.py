@@ -20,12 +20,12 @@ def _run(args: list[str], settings, tmp_path: Path) -> subprocess.CompletedProce
     env = {**os.environ, "PYTHON": sys.executable, "JOYNEXUS_HOME": str(tmp_path / "home"),
            "JOYNEXUS_BOOTSTRAP_SERVERS": settings.bootstrap, "JOYNEXUS_LOG_LEVEL": "WARNING"}
     return subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1500)
 
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_dry_run_produces_every_section(settings, tmp_path: Path) -> None:
     out = tmp_path / "out"
     done = _run(["--dry-run", "--out", str(out)], settings, tmp_path)

@@ -11,7 +11,6 @@ from benchmarks import load
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 async def test_four_tenants_at_once_equal_their_solo_runs(settings, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("JOYNEXUS_BOOTSTRAP_SERVERS", settings.bootstrap)
     monkeypatch.setenv("JOYNEXUS_HOME", str(tmp_path / "home"))

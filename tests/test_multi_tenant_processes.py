@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("the processes deployment needs two CPUs (device host + the rest)")
@@ -33,7 +33,7 @@ def test_processes_deployment_runs_end_to_end(settings, tmp_path: Path) -> None:
         [sys.executable, "-m", "benchmarks.multi_tenant", "--deployment", "processes", "--scenario", "smoke",
          "--no-maniskill", "--repeats", "1", "--env-workers", "1", "--step-trace", "--json", str(out),
          "--run-dir", str(run_dir)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["deployment"] == "processes" and result["tenants"] == 3

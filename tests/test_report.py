@@ -133,7 +133,7 @@ def test_the_render_check_sees_a_missing_figure(tmp_path: Path) -> None:
 
 @pytest.mark.broker
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the demo starts every role as its own process
+@pytest.mark.timeout(1800)  # the demo starts every role as its own process
 async def test_demo_quick_run_renders_every_plot_in_headless_chromium(settings, tmp_path: Path) -> None:
     from infra.runtime.demo import run_demo
 
